@@ -1,0 +1,1 @@
+"""Verify-window layout and custom-mask paged attention (torch-native and FlashInfer)."""

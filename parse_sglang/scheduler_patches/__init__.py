@@ -1,0 +1,1 @@
+"""Patches of SGLang internals, one file per patched concern."""

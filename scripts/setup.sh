@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Installs parse-sglang and everything it needs into the active Python (3.11+)
+# on a CPU-only Linux machine, without SGLang's CUDA dependencies.
+#
+#   bash scripts/setup.sh          # CPU machine (torch 2.13 CPU build)
+#   PARSE_GPU=1 bash scripts/setup.sh   # GPU machine: stock sglang with its deps
+#
+# Why not `pip install sglang==0.5.23`: its dependencies pull a CUDA torch and
+# sgl-kernel (~11 GB) whose import fails without libcuda. On CPU we install torch
+# 2.13 (CPU), SGLang itself without dependencies, then the pure-Python packages
+# SGLang imports, all constrained to that torch.
+set -euo pipefail
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+py=${PYTHON:-python3}
+pip=("$py" -m pip install --disable-pip-version-check -q)
+
+if [ "${PARSE_GPU:-0}" = "1" ]; then
+  "${pip[@]}" "sglang==0.5.23" "flashinfer-python==0.7.2"
+  "${pip[@]}" -e "$here[dev]"
+  exit 0
+fi
+
+constraints=$(mktemp)
+trap 'rm -f "$constraints"' EXIT
+cat >"$constraints" <<'C'
+torch==2.13.0
+transformers==5.19.0
+tokenizers==0.23.2
+C
+
+"${pip[@]}" "torch==2.13.0"
+"${pip[@]}" --no-deps "sglang==0.5.23"
+"${pip[@]}" -c "$constraints" -r "$here/scripts/cpu-requirements.txt"
+"${pip[@]}" --no-deps -e "$here"
