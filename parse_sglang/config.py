@@ -1,0 +1,79 @@
+"""PARSE settings, validated once where they enter (CLI, Engine kwargs, per-request params)."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from parse_sglang.judge import DEFAULT_QUESTION
+
+DEFAULT_DELIMITERS = ("\n", ". ", "? ", "! ")
+AFTER_REJECTION_POLICIES = ("redraft", "target_to_delimiter")
+
+
+@dataclass(frozen=True)
+class ParseConfig:
+    """One PARSE policy.
+
+    draft_budget: L, draft tokens per round.
+    probe_stride: Δ, a probe roughly every Δ draft tokens (moved forward to a delimiter).
+    delimiters: text that ends a segment; a boundary is placed right after one.
+    threshold: τ, a prefix is accepted when P(yes)/(P(yes)+P(no)) >= τ.
+    judge_question: what the probe asks the target.
+    judge: off = lossless token-level speculative decoding (output == target greedy).
+    after_rejection: "redraft" (draft again at once) or "target_to_delimiter" (the target
+        decodes up to the next delimiter first, as SpecReason/HoVer do).
+    """
+
+    draft_budget: int = 32
+    probe_stride: int = 8
+    delimiters: tuple[str, ...] = DEFAULT_DELIMITERS
+    threshold: float = 0.5
+    judge_question: str = DEFAULT_QUESTION
+    judge: bool = True
+    after_rejection: str = "redraft"
+
+    def __post_init__(self):
+        _check_int("draft_budget", self.draft_budget, 1, 1024)
+        _check_int("probe_stride", self.probe_stride, 1, 1024)
+        delims = self.delimiters
+        if isinstance(delims, str) or not delims or not all(isinstance(d, str) and d for d in delims):
+            raise ValueError(f"delimiters={delims!r} is invalid: allowed is a non-empty list of non-empty strings")
+        object.__setattr__(self, "delimiters", tuple(delims))
+        if isinstance(self.threshold, bool) or not isinstance(self.threshold, (int, float)) or not (
+            0.0 <= float(self.threshold) <= 1.0
+        ):
+            raise ValueError(f"threshold={self.threshold!r} is invalid: allowed is a number in [0, 1]")
+        object.__setattr__(self, "threshold", float(self.threshold))
+        if not isinstance(self.judge_question, str) or not self.judge_question.strip():
+            raise ValueError(f"judge_question={self.judge_question!r} is invalid: allowed is a non-empty string")
+        if not isinstance(self.judge, bool):
+            raise ValueError(f"judge={self.judge!r} is invalid: allowed is true or false")
+        if self.after_rejection not in AFTER_REJECTION_POLICIES:
+            raise ValueError(
+                f"after_rejection={self.after_rejection!r} is invalid: allowed is one of {AFTER_REJECTION_POLICIES}"
+            )
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any], base: "ParseConfig | None" = None) -> "ParseConfig":
+        """Build from a mapping (JSON settings, Engine kwargs), refusing unknown keys by name."""
+        if not isinstance(values, Mapping):
+            raise ValueError(f"PARSE settings={values!r} are invalid: allowed is a mapping of setting names")
+        known = cls.field_names()
+        unknown = sorted(set(values) - set(known))
+        if unknown:
+            raise ValueError(f"unknown PARSE setting(s) {unknown}: allowed are {list(known)}")
+        return dataclasses.replace(base or cls(), **values)
+
+    @classmethod
+    def field_names(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in dataclasses.fields(cls) if f.init)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in self.field_names()}
+
+
+def _check_int(name: str, value: Any, low: int, high: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or not (low <= value <= high):
+        raise ValueError(f"{name}={value!r} is invalid: allowed is an integer in [{low}, {high}]")

@@ -1,0 +1,121 @@
+"""Tier 1: settings, boundaries and acceptance, no model."""
+
+import pytest
+import torch
+
+from parse_sglang.acceptance import accept_lengths, emitted_tokens, pad_ragged
+from parse_sglang.boundaries import delimiter_ends, select_boundaries
+from parse_sglang.config import ParseConfig
+
+
+# ---- settings ---------------------------------------------------------------------------
+
+def test_config_defaults_round_trip():
+    cfg = ParseConfig()
+    assert ParseConfig.from_dict(cfg.to_dict()) == cfg
+    assert cfg.judge is True and 0.0 <= cfg.threshold <= 1.0
+
+
+@pytest.mark.parametrize(
+    "field, value, allowed",
+    [
+        ("threshold", 1.5, "[0, 1]"),
+        ("threshold", -0.1, "[0, 1]"),
+        ("threshold", "high", "[0, 1]"),
+        ("draft_budget", 0, "[1, 1024]"),
+        ("draft_budget", 2.5, "[1, 1024]"),
+        ("probe_stride", 0, "[1, 1024]"),
+        ("delimiters", [], "non-empty list"),
+        ("delimiters", ["\n", ""], "non-empty strings"),
+        ("delimiters", "\n", "non-empty list"),
+        ("judge_question", "  ", "non-empty string"),
+        ("judge", "yes", "true or false"),
+        ("after_rejection", "wait", "redraft"),
+    ],
+)
+def test_config_refuses_bad_values_naming_field_value_and_range(field, value, allowed):
+    with pytest.raises(ValueError) as err:
+        ParseConfig(**{field: value})
+    message = str(err.value)
+    assert f"{field}={value!r}" in message and allowed in message
+
+
+def test_config_from_dict_refuses_unknown_setting():
+    with pytest.raises(ValueError, match=r"unknown PARSE setting\(s\) \['drafts'\]"):
+        ParseConfig.from_dict({"drafts": 3})
+    assert ParseConfig.from_dict({"threshold": 0}).threshold == 0.0
+
+
+# ---- boundaries -------------------------------------------------------------------------
+
+TOKENS = ["Hello", " world", ".", " Next", " line", "\n", "a", "b", "c", "d", ".", " x"]
+
+
+def test_delimiter_ends_anchor_on_last_non_space_character():
+    # ". " ends at the "." token even though its space is glued to the next word.
+    assert delimiter_ends(TOKENS, [". "]) == [3, 11]
+    assert delimiter_ends(TOKENS, ["\n"]) == [6]
+    assert delimiter_ends(TOKENS, ["."]) == [3, 11]
+    assert delimiter_ends(["ab\nc", "d"], ["\n"]) == [1]  # delimiter inside a token
+
+
+def test_select_boundaries_stride_moves_forward_to_next_delimiter():
+    delims = [". ", "\n", "."]
+    assert select_boundaries(TOKENS, 1, delims) == [3, 6, 11, 12]
+    assert select_boundaries(TOKENS, 4, delims) == [6, 11, 12]  # first segment end >= 4, then >= 10
+    assert select_boundaries(TOKENS, 100, delims) == [12]  # always the end of the draft
+    assert select_boundaries(["a", "b", "c"], 1, ["\n"]) == [3]  # no delimiter: one probe at the end
+    assert select_boundaries(["a", "."], 1, ["."]) == [2]  # no duplicate end boundary
+
+
+def test_select_boundaries_refuses_empty_draft():
+    with pytest.raises(ValueError, match="draft is empty"):
+        select_boundaries([], 4, ["\n"])
+
+
+# ---- acceptance -------------------------------------------------------------------------
+
+def _accept(drafts, targets, bounds, scores, threshold, judge):
+    return accept_lengths(
+        draft=pad_ragged(drafts, 0, torch.long),
+        draft_lens=torch.tensor([len(d) for d in drafts]),
+        target_next=pad_ragged(targets, -1, torch.long),
+        boundaries=pad_ragged(bounds, 0, torch.long),
+        scores=pad_ragged(scores, 0.0, torch.float),
+        threshold=torch.tensor(threshold, dtype=torch.float),
+        judge=torch.tensor(judge),
+    )
+
+
+def test_accept_is_max_of_exact_and_judged_and_first_failing_probe_stops():
+    drafts = [[5, 6, 7, 8, 9, 10], [1, 2, 3], [4, 4, 4, 4]]
+    targets = [[5, 6, 0, 0, 0, 0, 0], [1, 2, 3, 9], [0, 0, 0, 0, 0]]
+    bounds = [[2, 4, 6], [3], [1, 2, 4]]
+    scores = [[0.9, 0.8, 0.1], [0.2], [0.7, 0.2, 0.9]]
+    got = _accept(drafts, targets, bounds, scores, [0.5, 0.5, 0.5], [True, True, True])
+    assert got.exact.tolist() == [2, 3, 0]
+    assert got.accepted.tolist() == [4, 3, 1]  # probe 3 of request 0 fails; probe 2 of request 2 stops it
+    assert got.judged.tolist() == [2, 0, 1]
+
+
+def test_accept_judge_off_is_token_level_and_tau_zero_takes_whole_draft():
+    drafts, targets = [[5, 6, 7], [1, 2]], [[5, 0, 0, 0], [1, 2, 3]]
+    bounds, scores = [[1, 3], [2]], [[0.0, 0.0], [0.0]]
+    off = _accept(drafts, targets, bounds, scores, [0.0, 0.0], [False, False])
+    assert off.accepted.tolist() == [1, 2] and off.judged.tolist() == [0, 0]
+    on = _accept(drafts, targets, bounds, scores, [0.0, 1.0], [True, True])
+    assert on.accepted.tolist() == [3, 2] and on.judged.tolist() == [2, 0]
+
+
+def test_accept_ignores_padding_past_draft_length():
+    got = _accept([[3, 3], [3, 3, 3, 3]], [[3, 3, 3, 3, 3], [3, 3, 3, 3, 3]], [[2], [4]], [[0.0], [0.0]], [0.5, 0.5], [True, True])
+    assert got.exact.tolist() == [2, 4]
+
+
+def test_emitted_tokens_truncate_like_target_only_decoding():
+    assert emitted_tokens([1, 2, 99, 3], 4, 7, [99], 10) == ([1, 2, 99], True)  # EOS inside the draft
+    assert emitted_tokens([1, 2, 3], 3, 99, [99], 10) == ([1, 2, 3, 99], True)  # EOS as the bonus
+    assert emitted_tokens([1, 2, 3], 3, 7, [99], 2) == ([1, 2], True)  # max_new_tokens inside
+    assert emitted_tokens([1, 2, 3], 1, 7, [99], 5) == ([1, 7], False)
+    with pytest.raises(ValueError, match="max_new_tokens=0"):
+        emitted_tokens([1], 1, 2, [], 0)
