@@ -1,0 +1,108 @@
+"""CPU runtime: lets stock SGLang 0.5.23 run on a machine without CUDA.
+
+SGLang's CPU engine (`SGLANG_USE_CPU_ENGINE=1`) still imports `sgl_kernel` (for a handful
+of CPU ops) and `torchvision` (module-level imports in multimodal code), and neither
+registry wheel loads next to torch+cpu. `enable()` puts torch stand-ins for the missing
+ones on the import path of this process *and* of every process SGLang spawns (scheduler,
+detokenizer: via PYTHONPATH), and sets `SGLANG_USE_CPU_ENGINE=1`. Nothing happens until
+it is called (or `python -m parse_sglang.launch_server` calls it), and it does nothing
+where CUDA is available. Call it before importing SGLang's runtime modules, which read
+the CPU flag once at import.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.machinery
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+_HERE = Path(__file__).resolve().parent
+# module name -> folder that holds its stand-in package
+STANDIN_DIRS = {
+    "sgl_kernel": str(_HERE / "standin_sgl_kernel"),
+    "torchvision": str(_HERE / "standin_torchvision"),
+}
+CPU_ENGINE_ENV = "SGLANG_USE_CPU_ENGINE"
+
+
+@dataclasses.dataclass(frozen=True)
+class CpuRuntimeStatus:
+    """What `enable()` did: whether the CPU runtime is active, which stand-ins it put on the path, and why."""
+
+    active: bool
+    standins: tuple[str, ...]
+    reason: str
+
+
+_status: CpuRuntimeStatus | None = None
+
+
+def _cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def _real_module_works(name: str) -> bool:
+    """True if an installed `name` (outside our stand-in folders) imports cleanly.
+
+    Probed in a subprocess: a CUDA-linked wheel can fail with a loader error, and a
+    failed import must not leave half a module behind in this process.
+    """
+    ours = set(STANDIN_DIRS.values())
+    search = [p for p in sys.path if p not in ours]
+    if importlib.machinery.PathFinder.find_spec(name, search) is None:
+        return False
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in search if p)
+    probe = subprocess.run(
+        [sys.executable, "-c", f"import {name}"], env=env, capture_output=True, timeout=300
+    )
+    return probe.returncode == 0
+
+
+def _prepend_import_path(folder: str) -> None:
+    """Put folder first on sys.path and PYTHONPATH (inherited by spawned processes)."""
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
+    parts = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if folder not in parts:
+        os.environ["PYTHONPATH"] = os.pathsep.join([folder, *parts])
+
+
+def enable() -> CpuRuntimeStatus:
+    """Activate the CPU runtime for this process and its SGLang children; idempotent.
+
+    Inactive (returns active=False, changes nothing) when CUDA is available. Otherwise
+    sets SGLANG_USE_CPU_ENGINE=1 and installs the stand-in for each of `sgl_kernel` and
+    `torchvision` that is not already importable for real.
+    """
+    global _status
+    if _status is not None:
+        return _status
+    if _cuda_available():
+        _status = CpuRuntimeStatus(False, (), "CUDA is available: stock SGLang runs unchanged")
+        logger.info("parse_sglang.cpu: not enabled (%s)", _status.reason)
+        return _status
+    installed = []
+    for name, folder in STANDIN_DIRS.items():
+        if name in sys.modules or _real_module_works(name):
+            logger.info("parse_sglang.cpu: keeping the installed %s", name)
+            continue
+        _prepend_import_path(folder)
+        installed.append(name)
+    os.environ[CPU_ENGINE_ENV] = "1"
+    _status = CpuRuntimeStatus(True, tuple(installed), "no CUDA device")
+    logger.info(
+        "parse_sglang.cpu: enabled (%s): %s=1, stand-ins on sys.path and PYTHONPATH: %s",
+        _status.reason,
+        CPU_ENGINE_ENV,
+        ", ".join(f"{n} ({STANDIN_DIRS[n]})" for n in installed) or "none",
+    )
+    return _status

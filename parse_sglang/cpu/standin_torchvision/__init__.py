@@ -1,0 +1,1 @@
+"""Import-path entry holding the `torchvision` stand-in (see parse_sglang.cpu.enable)."""

@@ -1,0 +1,120 @@
+"""Shared fixtures for the SGLang tier: a tiny target/draft pair and real SGLang engines on CPU.
+
+Engines are real `sglang.Engine`s with the CPU settings of DESIGN.md §3 (fp32, torch_native
+attention, no CUDA graphs, a small KV pool). Starting one costs ~15 s, so a module starts
+each configuration once (`sglang_engine` as a module-scoped fixture's context manager) and
+the target-only greedy outputs every parity test compares with are computed once per session
+(`target_only_outputs`). `parse_sglang.cpu.enable()` runs only when a fixture that starts
+SGLang is first used, never at collection.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+
+import pytest
+
+from parse_sglang.tiny_models import build_pair
+
+# Prompts that every SGLang parity test uses; the later ones repeat themselves, which gives
+# NGRAM's corpus something to match.
+PROMPTS = [
+    "The model is",
+    "Step one: add the two numbers. Step two: add the two numbers. Step",
+    "def f(x): return x\ndef f(x): return x\ndef",
+    "Yes No Yes No Yes No Yes",
+    "one two three four one two three four one two",
+]
+MAX_NEW_TOKENS = 32
+
+
+def engine_kwargs(model_path, **overrides) -> dict:
+    """`sglang.Engine` keyword arguments for a tiny fp32 model on CPU (DESIGN.md §3)."""
+    kwargs = dict(
+        model_path=str(model_path),
+        device="cpu",
+        attention_backend="torch_native",
+        disable_cuda_graph=True,
+        dtype="float32",
+        max_total_tokens=4096,
+        # The fraction only sizes the KV pool, which max_total_tokens caps; a tiny value
+        # fails SGLang's "weights leave no memory" check when the machine is busy.
+        mem_fraction_static=0.5,
+        max_running_requests=16,
+        log_level="error",
+    )
+    kwargs.update(overrides)
+    return kwargs
+
+
+def standalone_kwargs(draft_path, **overrides) -> dict:
+    """Speculative settings for STANDALONE with a chain (topk=1) draft."""
+    kwargs = dict(
+        speculative_algorithm="STANDALONE",
+        speculative_draft_model_path=str(draft_path),
+        speculative_eagle_topk=1,
+        speculative_num_steps=3,
+        speculative_num_draft_tokens=4,
+    )
+    kwargs.update(overrides)
+    return kwargs
+
+
+@contextlib.contextmanager
+def sglang_engine(model_path, **overrides):
+    """A real `sglang.Engine` on CPU, shut down on exit."""
+    import parse_sglang.cpu
+
+    parse_sglang.cpu.enable()
+    import sglang
+
+    engine = sglang.Engine(**engine_kwargs(model_path, **overrides))
+    try:
+        yield engine
+    finally:
+        engine.shutdown()
+
+
+@pytest.fixture(scope="session")
+def tiny_pair(tmp_path_factory):
+    """(target_dir, draft_dir): tiny Llama target and a 5%-noise draft sharing its tokenizer."""
+    return build_pair(tmp_path_factory.mktemp("sglang_pair"), arch="llama", noise=0.05)
+
+
+@pytest.fixture(scope="session")
+def cpu_runtime():
+    """Activate the CPU runtime for this test process (and the SGLang processes it starts)."""
+    import parse_sglang.cpu
+
+    return parse_sglang.cpu.enable()
+
+
+@dataclasses.dataclass(frozen=True)
+class ParityReference:
+    """Target-only SGLang greedy outputs that speculative runs must reproduce exactly."""
+
+    prompts: list[str]
+    sampling_params: dict
+    output_ids: list[list[int]]
+
+
+@pytest.fixture(scope="session")
+def engine_factory(cpu_runtime):
+    """`engine_factory(model_path, **engine_overrides)`: context manager yielding a CPU `sglang.Engine`."""
+    return sglang_engine
+
+
+@pytest.fixture(scope="session")
+def standalone_settings(tiny_pair):
+    """Engine overrides for STANDALONE with the tiny draft (topk=1, 3 steps, 4 verify tokens)."""
+    return standalone_kwargs(tiny_pair[1])
+
+
+@pytest.fixture(scope="session")
+def target_only_outputs(tiny_pair, cpu_runtime) -> ParityReference:
+    """Target-only SGLang greedy outputs for PROMPTS (one engine for the whole session)."""
+    params = {"max_new_tokens": MAX_NEW_TOKENS, "temperature": 0.0}
+    with sglang_engine(tiny_pair[0]) as engine:
+        outputs = [out["output_ids"] for out in engine.generate(PROMPTS, params)]
+    return ParityReference(list(PROMPTS), params, outputs)

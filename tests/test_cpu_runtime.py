@@ -1,0 +1,129 @@
+"""The CPU runtime switch (`parse_sglang.cpu.enable`): what it changes, and when it must not.
+
+Every scenario runs in a fresh interpreter, because enabling is a process-wide side effect
+(sys.path, PYTHONPATH, SGLANG_USE_CPU_ENGINE) that this pytest process may already carry.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from parse_sglang.cpu import STANDIN_DIRS
+
+SNAPSHOT = """
+import json, os, sys
+def snapshot():
+    return {
+        "modules": sorted(m for m in sys.modules if m.split(".")[0] in ("sgl_kernel", "torchvision")),
+        "standins_on_path": [p for p in sys.path if "standin_" in p],
+        "env": {k: os.environ.get(k) for k in ("SGLANG_USE_CPU_ENGINE", "PYTHONPATH")},
+    }
+"""
+
+
+def run_python(code: str, pythonpath: str | None = None) -> dict:
+    """Run code in a fresh interpreter (clean CPU-runtime env); return the JSON it prints last."""
+    env = {k: v for k, v in os.environ.items() if k not in ("SGLANG_USE_CPU_ENGINE", "PYTHONPATH")}
+    if pythonpath:
+        env["PYTHONPATH"] = pythonpath
+    proc = subprocess.run(
+        [sys.executable, "-c", SNAPSHOT + textwrap.dedent(code)], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_inactive_unless_asked():
+    out = run_python(
+        """
+        before = snapshot()
+        import parse_sglang, parse_sglang.cpu, parse_sglang.plugin, parse_sglang.launch_server
+        print(json.dumps({"before": before, "after": snapshot()}))
+        """
+    )
+    assert out["after"] == out["before"]
+    assert out["after"]["modules"] == [] and out["after"]["standins_on_path"] == []
+    assert out["after"]["env"] == {"SGLANG_USE_CPU_ENGINE": None, "PYTHONPATH": None}
+
+
+def test_inactive_where_cuda_is_available():
+    out = run_python(
+        """
+        import torch
+        torch.cuda.is_available = lambda: True
+        before = snapshot()
+        import parse_sglang.cpu
+        status = parse_sglang.cpu.enable()
+        print(json.dumps({"before": before, "after": snapshot(), "active": status.active, "standins": status.standins}))
+        """
+    )
+    assert out["active"] is False and out["standins"] == []
+    assert out["after"] == out["before"]
+
+
+def test_enable_reaches_child_processes():
+    out = run_python(
+        """
+        import subprocess
+        import parse_sglang.cpu
+        first = parse_sglang.cpu.enable()
+        second = parse_sglang.cpu.enable()
+        import sgl_kernel, torchvision
+        from torchvision.transforms import InterpolationMode
+        from sgl_kernel.speculative import reconstruct_indices_from_tree_mask
+        try:
+            torchvision.transforms.Compose([])
+            call_error = None
+        except RuntimeError as e:
+            call_error = str(e)
+        child = subprocess.run(
+            [sys.executable, "-c", "import sgl_kernel, torchvision, os; "
+             "print(sgl_kernel.PARSE_STANDIN, torchvision.PARSE_STANDIN, os.environ['SGLANG_USE_CPU_ENGINE'])"],
+            capture_output=True, text=True,
+        )
+        print(json.dumps({
+            "active": first.active, "standins": first.standins, "same": first == second,
+            "after": snapshot(), "kernel_file": sgl_kernel.__file__,
+            "placeholder": InterpolationMode.BICUBIC.__qualname__, "call_error": call_error,
+            "child": child.stdout.split(),
+        }))
+        """
+    )
+    assert out["active"] is True and out["standins"] == ["sgl_kernel", "torchvision"] and out["same"]
+    assert out["after"]["env"]["SGLANG_USE_CPU_ENGINE"] == "1"
+    path_entries = out["after"]["env"]["PYTHONPATH"].split(os.pathsep)
+    assert path_entries == [STANDIN_DIRS["torchvision"], STANDIN_DIRS["sgl_kernel"]]  # each once, first
+    assert out["after"]["standins_on_path"] == path_entries
+    assert out["kernel_file"].startswith(STANDIN_DIRS["sgl_kernel"])
+    assert out["placeholder"] == "transforms.InterpolationMode.BICUBIC"
+    assert "import-only stand-in" in out["call_error"]
+    assert out["child"] == ["True", "True", "1"]
+
+
+@pytest.mark.parametrize("works", [True, False])
+def test_installed_sgl_kernel_is_shadowed_only_when_broken(tmp_path, works):
+    """A working installed sgl_kernel (GPU build, CPU AMX build) is kept; a broken one
+    (e.g. the CUDA wheel failing on libcuda.so.1) is replaced by the stand-in."""
+    package = tmp_path / "site" / "sgl_kernel"
+    package.mkdir(parents=True)
+    body = "REAL = True\n" if works else "raise OSError('libcuda.so.1: cannot open shared object file')\n"
+    (package / "__init__.py").write_text(body)
+    out = run_python(
+        """
+        import parse_sglang.cpu
+        status = parse_sglang.cpu.enable()
+        import sgl_kernel
+        print(json.dumps({"standins": status.standins, "real": getattr(sgl_kernel, "REAL", False)}))
+        """,
+        pythonpath=str(tmp_path / "site"),
+    )
+    if works:
+        assert out == {"standins": ["torchvision"], "real": True}
+    else:
+        assert out == {"standins": ["sgl_kernel", "torchvision"], "real": False}

@@ -1,0 +1,166 @@
+"""SGLang tier, HTTP: `python -m parse_sglang.launch_server` serving STANDALONE on CPU.
+
+The server is started from a clean environment (no CPU runtime inherited from this test
+process), so the launcher itself must enable it. SGLang's per-iteration memory check is
+turned to verbose (`SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_BUSY=2`: log every iteration and
+assert on a leak) on top of its strict idle check (default on: raises on a leak), so a leak
+kills the server, and the logged pool balance can be read back.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import psutil
+import pytest
+import requests
+
+pytestmark = pytest.mark.sglang
+
+MEM_LINE = re.compile(
+    r"\[Mem Check \(BUSY\)\] \[full\] total=(\d+), available=(\d+), evictable=(\d+), protected=(\d+), "
+    r"session_held=(\d+), uncached=(\d+)"
+)
+
+
+class Server:
+    def __init__(self, proc: subprocess.Popen, url: str, log_path):
+        self.proc, self.url, self.log_path = proc, url, log_path
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def post(self, path: str, payload: dict) -> dict:
+        reply = requests.post(self.url + path, json=payload, timeout=120)
+        assert reply.status_code == 200, reply.text[:2000]
+        return reply.json()
+
+
+def _wait_healthy(server: Server, timeout: float = 180.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if server.proc.poll() is not None:
+            pytest.fail(f"server exited with {server.proc.returncode}:\n{server.log()[-4000:]}")
+        try:
+            if requests.get(server.url + "/health", timeout=2).status_code == 200:
+                return
+        except requests.ConnectionError:
+            pass
+        time.sleep(1.0)
+    pytest.fail(f"server not healthy after {timeout}s:\n{server.log()[-4000:]}")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """Kill what is left of the process tree (cleanup only)."""
+    for p in [*psutil.Process(proc.pid).children(recursive=True), psutil.Process(proc.pid)]:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+
+
+@pytest.fixture(scope="module")
+def server(tiny_pair, tmp_path_factory, target_only_outputs):
+    # target_only_outputs first: an in-process Engine's shutdown kills every child process
+    # of this test process (SGLang's kill_process_tree), this server included.
+    target, draft = tiny_pair
+    port = _free_port()
+    args = [
+        "--model-path", str(target), "--device", "cpu", "--attention-backend", "torch_native",
+        "--disable-cuda-graph", "--dtype", "float32", "--max-total-tokens", "4096",
+        "--mem-fraction-static", "0.5", "--max-running-requests", "16",
+        "--host", "127.0.0.1", "--port", str(port), "--log-level", "info",
+        "--speculative-algorithm", "STANDALONE", "--speculative-draft-model-path", str(draft),
+        "--speculative-eagle-topk", "1", "--speculative-num-steps", "3", "--speculative-num-draft-tokens", "4",
+    ]  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if k not in ("SGLANG_USE_CPU_ENGINE", "PYTHONPATH")}
+    env["SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_BUSY"] = "2"
+    log_path = tmp_path_factory.mktemp("server") / "server.log"
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "parse_sglang.launch_server", *args],
+            stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+        )
+    srv = Server(proc, f"http://127.0.0.1:{port}", log_path)
+    try:
+        _wait_healthy(srv)
+        yield srv
+    finally:
+        if proc.poll() is None:
+            _stop(proc)
+
+
+def test_launcher_enabled_the_cpu_runtime_and_loaded_the_plugin(server):
+    log = server.log()
+    assert "parse_sglang.cpu: enabled (no CUDA device): SGLANG_USE_CPU_ENGINE=1" in log
+    assert "parse-sglang plugin installed: attention backend \"torch_native\" -> TorchNativeSpecAttnBackend" in log
+
+
+def test_generate_matches_target_only(server, target_only_outputs):
+    prompt, want = target_only_outputs.prompts[1], target_only_outputs.output_ids[1]
+    out = server.post("/generate", {"text": prompt, "sampling_params": target_only_outputs.sampling_params})
+    assert out["output_ids"] == want
+    assert out["meta_info"]["spec_verify_ct"] > 0
+
+
+def test_v1_completions_matches_generate(server, target_only_outputs):
+    prompt, params = target_only_outputs.prompts[0], target_only_outputs.sampling_params
+    generate = server.post("/generate", {"text": prompt, "sampling_params": params})
+    completion = server.post(
+        "/v1/completions",
+        {"model": "default", "prompt": prompt, "max_tokens": params["max_new_tokens"], "temperature": 0.0},
+    )
+    assert completion["object"] == "text_completion"
+    assert completion["choices"][0]["text"] == generate["text"]
+    assert completion["usage"]["completion_tokens"] == len(generate["output_ids"])
+
+
+def test_memory_check_clean_after_many_requests(server):
+    prompts = [f"{w} then {w} then {i}" for i, w in enumerate(["red", "green", "water", "fire"] * 10)]
+    params = {"max_new_tokens": 16, "temperature": 0}
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        outs = list(pool.map(lambda p: server.post("/generate", {"text": p, "sampling_params": params}), prompts))
+    assert len(outs) >= 32 and all(len(o["output_ids"]) >= 1 for o in outs)
+    time.sleep(2.0)  # idle: the strict idle self-check runs every scheduler loop
+    assert server.proc.poll() is None
+    assert requests.get(server.url + "/health", timeout=10).status_code == 200
+    log = server.log()
+    assert "leak" not in log.lower()
+    balances = [tuple(map(int, m)) for m in MEM_LINE.findall(log)]
+    assert len(balances) >= 32  # the check ran on every busy iteration
+    total, available, evictable, protected, session_held, uncached = balances[-1]
+    # after the last request finished: every slot is free or held by the radix cache
+    assert (protected, session_held, uncached) == (0, 0, 0)
+    assert available + evictable == total
+
+
+def test_shutdown_leaves_no_process(server):
+    pids = [p.pid for p in psutil.Process(server.proc.pid).children(recursive=True)] + [server.proc.pid]
+    assert len(pids) >= 3  # launcher, scheduler, detokenizer
+    server.proc.send_signal(signal.SIGTERM)
+    server.proc.wait(timeout=60)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and any(map(_alive, pids)):
+        time.sleep(0.5)
+    left = [p for p in pids if _alive(p)]
+    assert left == [], f"processes left after shutdown: {left}"
