@@ -24,6 +24,7 @@ logger = logging.getLogger(__name__)
 INSTALLERS = [
     "parse_sglang.scheduler_patches.torch_native_verify",
     "parse_sglang.scheduler_patches.torch_native_draft",
+    "parse_sglang.spec_algo",
 ]
 
 _installed: list[str] | None = None

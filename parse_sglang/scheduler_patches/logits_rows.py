@@ -1,0 +1,42 @@
+"""Logits of a PARSE verify pass: only the rows PARSE reads reach the lm_head.
+
+What it changes: an AFTER hook on SGLang's `LogitsMetadata.from_forward_batch` sets
+`draft_extend_select_index` to the verify input's `logits_row_index` when the forward is
+a TARGET_VERIFY whose `spec_info` carries one (only `ParseVerifyInput` does).
+
+Why: SGLang sets that index for DRAFT_EXTEND_V2 only, so a TARGET_VERIFY pass computes
+full-vocabulary logits for every window row. PARSE reads the L+1 chain rows and the last
+row of each probe; the K*m probe rows are most of the window, and at a 150k vocabulary
+their logits would be hundreds of MB per request. `LogitsProcessor._get_pruned_states`
+already honours the index for TARGET_VERIFY, so this hook is all it takes. Other
+algorithms' verify inputs have no `logits_row_index` and are left alone.
+"""
+
+from __future__ import annotations
+
+from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+TARGET = "sglang.srt.layers.logits_processor.LogitsMetadata.from_forward_batch"
+
+HOOKED_SIGNATURES = {
+    TARGET: "(forward_batch: sglang.srt.model_executor.forward_batch_info.ForwardBatch)",
+}
+
+
+def keep_parse_rows(metadata, cls, forward_batch):
+    """AFTER hook: select PARSE's rows (chain rows, then probe read-out rows)."""
+    rows = getattr(forward_batch.spec_info, "logits_row_index", None)
+    if rows is not None and forward_batch.forward_mode.is_target_verify():
+        metadata.draft_extend_select_index = rows
+    return metadata
+
+
+_registered = False
+
+
+def install() -> str:
+    global _registered
+    if not _registered:
+        HookRegistry.register(TARGET, keep_parse_rows, HookType.AFTER)
+        _registered = True
+    return f"{TARGET}: AFTER hook pruning PARSE verify logits to chain + probe read-out rows"

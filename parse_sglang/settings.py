@@ -1,0 +1,124 @@
+"""Where PARSE's settings come from: the server's ParseConfig and each request's.
+
+Server (validated once at startup, in the main process):
+- `--parse-config JSON` (launch_server / `sglang serve`) or `sglang.Engine(parse_config={...})`,
+  both carried as the bookkeeping attribute `server_args._parse_config` (JSON text or a
+  dict), which SGLang pickles to its scheduler processes (scheduler_patches/cli_settings.py);
+- SGLang's own flags where they mean the same thing: `--speculative-draft-model-path`, and
+  `--speculative-num-steps` for L (`draft_budget`).
+
+Request: `sampling_params={"custom_params": {"parse": {...}}}` with the keys of
+REQUEST_SETTINGS. They may not outgrow the verify window the server reserved at startup
+(no larger L, no denser probes, no judge the server turned off, no other judge question),
+because SGLang gives every request of a batch the same number of verify rows.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from typing import Any, Mapping, Optional
+
+from parse_sglang.config import ParseConfig
+from parse_sglang.judge import JudgeProbe, build_judge_probe
+
+# custom_params key of a request's PARSE settings.
+REQUEST_KEY = "parse"
+# Settings a request may change; the others shape the verify window every request shares.
+REQUEST_SETTINGS = ("draft_budget", "probe_stride", "threshold", "judge", "after_rejection")
+
+
+def _as_mapping(raw: Any, where: str) -> Mapping[str, Any]:
+    if isinstance(raw, str):
+        try:
+            raw = json.loads(raw)
+        except json.JSONDecodeError as err:
+            raise ValueError(
+                f"{where}={raw!r} is not valid JSON ({err}): allowed is a JSON object of PARSE settings"
+            ) from None
+    if not isinstance(raw, Mapping):
+        raise ValueError(f"{where}={raw!r} is invalid: allowed is a JSON object of PARSE settings")
+    return raw
+
+
+def server_parse_config(server_args, num_steps: Optional[int]) -> ParseConfig:
+    """The server's ParseConfig from `server_args._parse_config` and `num_steps`.
+
+    num_steps: `--speculative-num-steps` (None when not given); it is L, so a PARSE
+    config naming a different draft_budget is refused rather than silently overridden.
+    """
+    raw = getattr(server_args, "_parse_config", None)
+    values = dict(_as_mapping(raw, "--parse-config")) if raw is not None else {}
+    if num_steps is not None:
+        budget = values.get("draft_budget", num_steps)
+        if budget != num_steps:
+            raise ValueError(
+                f"--speculative-num-steps={num_steps} and --parse-config draft_budget={budget!r} "
+                "disagree: both set L (draft tokens per round); give one, or the same value"
+            )
+        values["draft_budget"] = num_steps
+    try:
+        return ParseConfig.from_dict(values)
+    except ValueError as err:
+        raise ValueError(f"--parse-config (Engine parse_config=): {err}") from None
+
+
+def request_parse_config(custom_params: Optional[Mapping[str, Any]], server: ParseConfig) -> ParseConfig:
+    """A request's ParseConfig: the server's, with `custom_params["parse"]` applied."""
+    raw = (custom_params or {}).get(REQUEST_KEY)
+    if raw is None:
+        return server
+    where = f'custom_params["{REQUEST_KEY}"]'
+    values = _as_mapping(raw, where)
+    fixed = sorted(set(values) & (set(ParseConfig.field_names()) - set(REQUEST_SETTINGS)))
+    if fixed:
+        raise ValueError(
+            f"{where}: {fixed} can only be set for the whole server (--parse-config); "
+            f"a request may set {list(REQUEST_SETTINGS)}"
+        )
+    try:
+        config = ParseConfig.from_dict(values, base=server)
+    except ValueError as err:
+        raise ValueError(f"{where}: {err}") from None
+    if config.draft_budget > server.draft_budget:
+        raise ValueError(
+            f"{where}: draft_budget={config.draft_budget} is invalid: allowed is at most the "
+            f"server's {server.draft_budget} (--speculative-num-steps)"
+        )
+    if config.judge and config.probe_stride < server.probe_stride:
+        raise ValueError(
+            f"{where}: probe_stride={config.probe_stride} is invalid: allowed is at least the "
+            f"server's {server.probe_stride} (its verify window holds no more probes)"
+        )
+    if config.judge and not server.judge:
+        raise ValueError(f"{where}: judge=true is invalid: the server runs with the judge off (lossless)")
+    return config
+
+
+@functools.lru_cache(maxsize=4)
+def target_tokenizer(tokenizer_path: str, trust_remote_code: bool = False):
+    """The target's tokenizer as SGLang loads it (boundaries and the judge probe need text)."""
+    from sglang.srt.utils.hf_transformers_utils import get_tokenizer
+
+    return get_tokenizer(tokenizer_path, trust_remote_code=trust_remote_code)
+
+
+@functools.lru_cache(maxsize=8)
+def judge_probe_for(tokenizer_path: str, question: str, trust_remote_code: bool = False) -> JudgeProbe:
+    """The judge probe of the target's tokenizer; one builder for the window-size bound
+    (main process) and the worker (scheduler), so both count the same suffix length m."""
+    return build_judge_probe(target_tokenizer(tokenizer_path, trust_remote_code), question)
+
+
+def max_probes(config: ParseConfig) -> int:
+    """K_max: the most boundaries `select_boundaries` returns for a draft of L tokens —
+    interior segment ends at least probe_stride apart (all < L), plus the draft's end."""
+    if not config.judge:
+        return 0
+    return (config.draft_budget - 1) // config.probe_stride + 1
+
+
+def verify_window_max(config: ParseConfig, suffix_len: int) -> int:
+    """N_max = 1 + L + K_max * m: verify rows one request may need in a round."""
+    return 1 + config.draft_budget + max_probes(config) * suffix_len
+

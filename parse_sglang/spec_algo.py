@@ -1,0 +1,175 @@
+"""`--speculative-algorithm PARSE`: its registration with SGLang and its server settings.
+
+`install()` (called by the plugin entry point in every SGLang process) registers PARSE
+with `SpeculativeAlgorithm.register` and installs the SGLang hooks PARSE needs. At launch
+SGLang then calls, on the stand-in record of its resolution pipeline:
+- `validate_parse_server_args`: refuses what PARSE cannot run with, naming the setting;
+- `ParseSpecAlgo.handle_server_args`: declares the settings PARSE runs with (sync
+  scheduling, chain drafts, L+1 chain rows, no decode CUDA graphs);
+- `ParseSpecAlgo.resolve_max_speculative_num_draft_tokens`: N_max = 1 + L + K_max*m, the
+  verify rows SGLang must over-allocate per request per decode round.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+from sglang.srt.arg_groups.overrides import resolving_view
+from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+from sglang.srt.speculative.spec_registry import CustomSpecAlgo, get_spec
+
+from parse_sglang.scheduler_patches import cli_settings, logits_rows, request_settings, request_stats
+from parse_sglang.settings import judge_probe_for, server_parse_config, verify_window_max
+
+logger = logging.getLogger(__name__)
+
+ALGORITHM = "PARSE"
+HOOK_MODULES = (logits_rows, cli_settings, request_settings, request_stats)
+
+HOOKED_SIGNATURES = {
+    "sglang.srt.speculative.spec_info.SpeculativeAlgorithm.register": (
+        "(name: 'str', *, supports_overlap: 'bool' = False, validate_server_args: "
+        "'Optional[ServerArgsValidator]' = None, spec_class: 'Type[CustomSpecAlgo]' = "
+        "<class 'sglang.srt.speculative.spec_registry.CustomSpecAlgo'>) -> 'Callable[[WorkerFactory], WorkerFactory]'"
+    ),
+    **{name: sig for module in HOOK_MODULES for name, sig in module.HOOKED_SIGNATURES.items()},
+}
+
+
+def _server_config(sa):
+    return server_parse_config(sa, sa.speculative_num_steps)
+
+
+def _refuse(setting: str, value, allowed: str) -> None:
+    raise ValueError(f"PARSE does not support {setting}={value!r}: allowed is {allowed}")
+
+
+def validate_parse_server_args(sa) -> None:
+    """Refuse, at startup, every setting PARSE cannot serve correctly (ValueError naming it)."""
+    from sglang.srt.runtime_context import attn_dp_enabled_of
+
+    if not sa.speculative_draft_model_path:
+        _refuse(
+            "--speculative-draft-model-path",
+            sa.speculative_draft_model_path,
+            "a draft model sharing the target's tokenizer",
+        )
+    config = _server_config(sa)
+    checks = [
+        ("--page-size", sa.page_size, sa.page_size in (None, 1), "1"),
+        ("--pp-size", sa.pp_size, sa.pp_size == 1, "1"),
+        ("--enable-dp-attention", attn_dp_enabled_of(sa), not attn_dp_enabled_of(sa), "off"),
+        ("--disaggregation-mode", sa.disaggregation_mode, sa.disaggregation_mode in (None, "null"), '"null"'),
+        ("--enable-lora", sa.enable_lora, not sa.enable_lora and not sa.lora_paths, "off (no LoRA adapters)"),
+        ("--speculative-adaptive", sa.speculative_adaptive, not sa.speculative_adaptive, "off"),
+        (
+            "--speculative-use-rejection-sampling",
+            sa.speculative_use_rejection_sampling,
+            not sa.speculative_use_rejection_sampling,
+            "off (the draft's probabilities are not kept)",
+        ),
+        ("--enable-multi-layer-eagle", sa.enable_multi_layer_eagle, not sa.enable_multi_layer_eagle, "off"),
+        ("--speculative-eagle-topk", sa.speculative_eagle_topk, sa.speculative_eagle_topk in (None, 1), "1 (a chain)"),
+        (
+            "--speculative-num-draft-tokens",
+            sa.speculative_num_draft_tokens,
+            sa.speculative_num_draft_tokens in (None, config.draft_budget + 1),
+            f"--speculative-num-steps + 1 = {config.draft_budget + 1} (the chain rows), or unset",
+        ),
+        (
+            "--speculative-accept-threshold-single",
+            sa.speculative_accept_threshold_single,
+            sa.speculative_accept_threshold_single == 1.0,
+            '1.0; PARSE\'s judge threshold τ is --parse-config \'{"threshold": ...}\'',
+        ),
+        (
+            "--speculative-accept-threshold-acc",
+            sa.speculative_accept_threshold_acc,
+            sa.speculative_accept_threshold_acc == 1.0,
+            '1.0; PARSE\'s judge threshold τ is --parse-config \'{"threshold": ...}\'',
+        ),
+        ("--enable-hierarchical-cache", sa.enable_hierarchical_cache, not sa.enable_hierarchical_cache, "off"),
+        ("--skip-tokenizer-init", sa.skip_tokenizer_init, not sa.skip_tokenizer_init, "off (the judge reads text)"),
+        (
+            "--enable-return-hidden-states",
+            sa.enable_return_hidden_states,
+            not sa.enable_return_hidden_states,
+            "off (a PARSE round returns no hidden states)",
+        ),
+        ("--enable-watermark", sa.enable_watermark, not sa.enable_watermark, "off (not fed by PARSE rounds)"),
+    ]
+    for setting, value, ok, allowed in checks:
+        if not ok:
+            _refuse(setting, value, allowed)
+    if config.judge:  # fails here, at startup, if the chat template yields no judge probe
+        judge_probe_for(sa.tokenizer_path or sa.model_path, config.judge_question, bool(sa.trust_remote_code))
+
+
+class ParseSpecAlgo(CustomSpecAlgo):
+    """What SGLang asks the algorithm object (beyond CustomSpecAlgo's defaults)."""
+
+    def handle_server_args(self, sa) -> None:
+        from sglang.srt.model_executor.cuda_graph_config import Backend
+
+        config = _server_config(sa)
+        if not sa.disable_overlap_schedule:
+            logger.info("PARSE runs the scheduler synchronously: overlap scheduling is turned off")
+        sa.disable_overlap_schedule = True
+        sa.enable_mixed_chunk = False
+        sa.speculative_eagle_topk = 1
+        sa.speculative_num_steps = config.draft_budget
+        sa.speculative_num_draft_tokens = config.draft_budget + 1
+        if sa.max_running_requests is None:  # as SGLang's builtin algorithms: eager buffers hold max_bs * N_max rows
+            sa.max_running_requests = 48
+        graphs = sa.cuda_graph_config
+        if graphs is not None:  # PARSE has no graph-capturable verify input yet
+            sa.cuda_graph_config = dataclasses.replace(
+                graphs, decode=dataclasses.replace(graphs.decode, backend=Backend.DISABLED)
+            )
+        if str(sa.device).startswith("cuda"):
+            sa.disable_flashinfer_autotune = True  # its dummy verify run has no PARSE input
+
+    def resolve_max_speculative_num_draft_tokens(self, server_args) -> int:
+        cfg = resolving_view(server_args)
+        config = server_parse_config(server_args, cfg.speculative_num_steps)
+        suffix_len = 0
+        if config.judge:
+            tokenizer_path = cfg.tokenizer_path or cfg.model_path
+            probe = judge_probe_for(tokenizer_path, config.judge_question, bool(cfg.trust_remote_code))
+            suffix_len = len(probe.suffix_ids)
+        return verify_window_max(config, suffix_len)
+
+    def create_future_map(self, device, req_to_token_pool, needs_cpu_seq_lens=True, needs_confidence_relay=False):
+        from sglang.srt.managers.overlap_utils import FutureMap
+
+        return FutureMap(device, self, req_to_token_pool, needs_cpu_seq_lens, needs_confidence_relay)
+
+    def carries_draft_hidden_states(self) -> bool:
+        return False
+
+    def need_topk(self) -> bool:
+        return False
+
+    def get_platform_worker_cls(self):
+        return None
+
+
+def parse_worker_class(server_args):
+    """Worker factory SGLang calls in each scheduler process."""
+    from parse_sglang.worker import ParseWorker
+
+    return ParseWorker
+
+
+def install() -> str:
+    """Register PARSE (once per process) and its hooks; returns what was installed."""
+    if get_spec(ALGORITHM) is None:
+        SpeculativeAlgorithm.register(
+            ALGORITHM,
+            supports_overlap=False,
+            validate_server_args=validate_parse_server_args,
+            spec_class=ParseSpecAlgo,
+        )(parse_worker_class)
+    hooks = "; ".join(module.install() for module in HOOK_MODULES)
+    return f"speculative algorithm {ALGORITHM} (parse_sglang.worker.ParseWorker); {hooks}"
