@@ -106,3 +106,15 @@ def enable() -> CpuRuntimeStatus:
         ", ".join(f"{n} ({STANDIN_DIRS[n]})" for n in installed) or "none",
     )
     return _status
+
+
+# What SGLang needs to serve on a CPU (DESIGN.md §3): its CPU device, the torch-native
+# attention backend (the one our verify patch extends), no CUDA graphs, and fp32 (bf16 on
+# CPU diverges from the reference models).
+CPU_ENGINE_SETTINGS = dict(device="cpu", attention_backend="torch_native", disable_cuda_graph=True, dtype="float32")
+
+
+def engine_settings() -> dict:
+    """`sglang.Engine` keyword arguments this machine needs: enables the CPU runtime and
+    returns CPU_ENGINE_SETTINGS where there is no CUDA device, {} otherwise."""
+    return dict(CPU_ENGINE_SETTINGS) if enable().active else {}
