@@ -10,7 +10,9 @@ Server (validated once at startup, in the main process):
 Request: `sampling_params={"custom_params": {"parse": {...}}}` with the keys of
 REQUEST_SETTINGS. They may not outgrow the verify window the server reserved at startup
 (no larger L, no denser probes, no judge the server turned off, no other judge question),
-because SGLang gives every request of a batch the same number of verify rows.
+because SGLang gives every request of a batch the same number of verify rows. The same
+mapping may hold the output options of REQUEST_OUTPUTS, which change what the response
+reports, never how it is generated.
 """
 
 from __future__ import annotations
@@ -24,8 +26,13 @@ from parse_sglang.judge import JudgeProbe, build_judge_probe
 
 # custom_params key of a request's PARSE settings.
 REQUEST_KEY = "parse"
+REQUEST_WHERE = f'custom_params["{REQUEST_KEY}"]'
 # Settings a request may change; the others shape the verify window every request shares.
 REQUEST_SETTINGS = ("draft_budget", "probe_stride", "threshold", "judge", "after_rejection")
+# Per-request output options (booleans, default false). return_probe_scores: meta_info["parse"]
+# also gets "probe_scores", one entry per round (scheduler_patches/request_stats.py).
+RETURN_PROBE_SCORES = "return_probe_scores"
+REQUEST_OUTPUTS = (RETURN_PROBE_SCORES,)
 
 
 def _as_mapping(raw: Any, where: str) -> Mapping[str, Any]:
@@ -63,35 +70,60 @@ def server_parse_config(server_args, num_steps: Optional[int]) -> ParseConfig:
         raise ValueError(f"--parse-config (Engine parse_config=): {err}") from None
 
 
-def request_parse_config(custom_params: Optional[Mapping[str, Any]], server: ParseConfig) -> ParseConfig:
-    """A request's ParseConfig: the server's, with `custom_params["parse"]` applied."""
+def _request_values(custom_params: Optional[Mapping[str, Any]]) -> Optional[Mapping[str, Any]]:
+    """`custom_params["parse"]` as a mapping (None when absent), unknown keys refused by name."""
     raw = (custom_params or {}).get(REQUEST_KEY)
     if raw is None:
+        return None
+    values = _as_mapping(raw, REQUEST_WHERE)
+    unknown = sorted(set(values) - set(ParseConfig.field_names()) - set(REQUEST_OUTPUTS))
+    if unknown:
+        raise ValueError(
+            f"{REQUEST_WHERE}: unknown key(s) {unknown}: allowed are {list(REQUEST_SETTINGS + REQUEST_OUTPUTS)}"
+        )
+    for option in set(values) & set(REQUEST_OUTPUTS):
+        if not isinstance(values[option], bool):
+            raise ValueError(f"{REQUEST_WHERE}: {option}={values[option]!r} is invalid: allowed is true or false")
+    return values
+
+
+def request_outputs(custom_params: Optional[Mapping[str, Any]]) -> frozenset[str]:
+    """The REQUEST_OUTPUTS a request switched on."""
+    values = _request_values(custom_params) or {}
+    return frozenset(option for option in REQUEST_OUTPUTS if values.get(option))
+
+
+def request_parse_config(custom_params: Optional[Mapping[str, Any]], server: ParseConfig) -> ParseConfig:
+    """A request's ParseConfig: the server's, with `custom_params["parse"]` applied
+    (its output options are checked too, and read by `request_outputs`)."""
+    values = _request_values(custom_params)
+    if values is None:
         return server
-    where = f'custom_params["{REQUEST_KEY}"]'
-    values = _as_mapping(raw, where)
-    fixed = sorted(set(values) & (set(ParseConfig.field_names()) - set(REQUEST_SETTINGS)))
+    values = {key: value for key, value in values.items() if key not in REQUEST_OUTPUTS}
+    if not values:
+        return server
+    fixed = sorted(set(values) - set(REQUEST_SETTINGS))
     if fixed:
         raise ValueError(
-            f"{where}: {fixed} can only be set for the whole server (--parse-config); "
+            f"{REQUEST_WHERE}: {fixed} can only be set for the whole server (--parse-config); "
             f"a request may set {list(REQUEST_SETTINGS)}"
         )
     try:
         config = ParseConfig.from_dict(values, base=server)
     except ValueError as err:
-        raise ValueError(f"{where}: {err}") from None
+        raise ValueError(f"{REQUEST_WHERE}: {err}") from None
     if config.draft_budget > server.draft_budget:
         raise ValueError(
-            f"{where}: draft_budget={config.draft_budget} is invalid: allowed is at most the "
+            f"{REQUEST_WHERE}: draft_budget={config.draft_budget} is invalid: allowed is at most the "
             f"server's {server.draft_budget} (--speculative-num-steps)"
         )
     if config.judge and config.probe_stride < server.probe_stride:
         raise ValueError(
-            f"{where}: probe_stride={config.probe_stride} is invalid: allowed is at least the "
+            f"{REQUEST_WHERE}: probe_stride={config.probe_stride} is invalid: allowed is at least the "
             f"server's {server.probe_stride} (its verify window holds no more probes)"
         )
     if config.judge and not server.judge:
-        raise ValueError(f"{where}: judge=true is invalid: the server runs with the judge off (lossless)")
+        raise ValueError(f"{REQUEST_WHERE}: judge=true is invalid: the server runs with the judge off (lossless)")
     return config
 
 

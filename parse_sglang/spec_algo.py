@@ -19,13 +19,13 @@ from sglang.srt.arg_groups.overrides import resolving_view
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 from sglang.srt.speculative.spec_registry import CustomSpecAlgo, get_spec
 
-from parse_sglang.scheduler_patches import cli_settings, logits_rows, request_settings, request_stats
+from parse_sglang.scheduler_patches import cli_settings, logits_rows, request_settings, request_stats, server_info
 from parse_sglang.settings import judge_probe_for, server_parse_config, verify_window_max
 
 logger = logging.getLogger(__name__)
 
 ALGORITHM = "PARSE"
-HOOK_MODULES = (logits_rows, cli_settings, request_settings, request_stats)
+HOOK_MODULES = (logits_rows, cli_settings, request_settings, request_stats, server_info)
 
 HOOKED_SIGNATURES = {
     "sglang.srt.speculative.spec_info.SpeculativeAlgorithm.register": (
@@ -55,6 +55,7 @@ def validate_parse_server_args(sa) -> None:
             sa.speculative_draft_model_path,
             "a draft model sharing the target's tokenizer",
         )
+    _check_draft_vocabulary(sa)
     config = _server_config(sa)
     checks = [
         ("--page-size", sa.page_size, sa.page_size in (None, 1), "1"),
@@ -104,6 +105,25 @@ def validate_parse_server_args(sa) -> None:
             _refuse(setting, value, allowed)
     if config.judge:  # fails here, at startup, if the chat template yields no judge probe
         judge_probe_for(sa.tokenizer_path or sa.model_path, config.judge_question, bool(sa.trust_remote_code))
+
+
+def _check_draft_vocabulary(sa) -> None:
+    """The draft must emit the target's token ids (as SGLang's STANDALONE requires: equal
+    vocabulary sizes). Checked here, in the main process, from the model configs: the
+    same refusal in the scheduler process would only log and take the launcher down."""
+    from sglang.srt.utils.hf_transformers import get_config, get_hf_text_config
+
+    def vocab_size(path, revision):
+        return get_hf_text_config(get_config(path, bool(sa.trust_remote_code), revision)).vocab_size
+
+    target = vocab_size(sa.model_path, sa.revision)
+    draft = vocab_size(sa.speculative_draft_model_path, sa.speculative_draft_model_revision)
+    if draft != target:
+        raise ValueError(
+            f"PARSE does not support --speculative-draft-model-path={sa.speculative_draft_model_path!r}: "
+            f"its vocabulary size {draft} differs from the target's {target}; allowed is a draft "
+            "that shares the target's tokenizer"
+        )
 
 
 class ParseSpecAlgo(CustomSpecAlgo):

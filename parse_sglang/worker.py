@@ -46,9 +46,12 @@ from parse_sglang.attention.layout import VerifyRequest, build_verify_layout
 from parse_sglang.boundaries import delimiter_ends, draft_boundaries
 from parse_sglang.config import ParseConfig
 from parse_sglang.judge import judge_scores
-from parse_sglang.scheduler_patches.request_stats import STATS_KEY
+from parse_sglang.scheduler_patches.request_stats import record_round
+from parse_sglang.scheduler_patches.server_info import ServerTotals
 from parse_sglang.settings import (
+    RETURN_PROBE_SCORES,
     judge_probe_for,
+    request_outputs,
     request_parse_config,
     server_parse_config,
     target_tokenizer,
@@ -57,7 +60,6 @@ from parse_sglang.settings import (
 from parse_sglang.verify_input import ChainView, ParseVerifyInput
 
 logger = logging.getLogger(__name__)
-
 
 
 @dataclass(frozen=True)
@@ -102,6 +104,7 @@ class Accepted:
     accept_lens: torch.Tensor  # [bs] int32, a + 1
     exact: torch.Tensor  # [bs] draft tokens accepted by exact match
     judged: torch.Tensor  # [bs] draft tokens accepted only because the judge said yes
+    scores: Optional[torch.Tensor]  # [bs, K] judge score of each real probe (None: no probes)
 
 
 class ParseWorker(BaseSpecWorker):
@@ -136,13 +139,7 @@ class ParseWorker(BaseSpecWorker):
                 context_length=target_worker.model_runner.model_config.context_len,
             )
         self._draft_worker.draft_runner = self._draft_worker.model_runner  # read by SGLang's metrics reporter
-        target_vocab = target_worker.model_runner.model_config.vocab_size
-        draft_vocab = self.draft_runner.model_config.vocab_size
-        if target_vocab != draft_vocab:
-            raise ValueError(
-                f"--speculative-draft-model-path vocabulary size {draft_vocab} differs from the target's "
-                f"{target_vocab}: PARSE needs a draft that shares the target's tokenizer"
-            )
+        self.totals = ServerTotals()  # get_server_info()'s "parse" entry
         logger.info(
             "PARSE worker: L=%d, probe_stride=%d, judge=%s, threshold=%.3f, probe suffix m=%d, N_max=%d",
             self.config.draft_budget,
@@ -268,6 +265,7 @@ class ParseWorker(BaseSpecWorker):
         )
         exact = exact_lens.to(torch.int64) - 1
         drafts = window.chain_tokens[:, 1:]
+        scores = None
         if window.num_probes:
             scores = judge_scores(probe_logits, self.probe).view(bs, window.num_probes).gather(1, window.probe_slots)
             # accept_lengths' exact part is switched off (draft_lens 0): eagle_sample gave it.
@@ -301,6 +299,7 @@ class ParseWorker(BaseSpecWorker):
             accept_lens=(accepted + 1).to(torch.int32),
             exact=exact_kept,
             judged=accepted - exact_kept,
+            scores=scores,
         )
 
     # ----- SGLang bookkeeping around the round ------------------------------------------
@@ -338,15 +337,19 @@ class ParseWorker(BaseSpecWorker):
         batch.seq_lens_sum = int(batch.seq_lens_cpu.sum())
 
     def _request_config(self, req) -> ParseConfig:
-        """The request's ParseConfig, resolved once; a bad one (SamplingParams.verify already
-        refuses those in the main process) aborts the request and serves it losslessly."""
+        """The request's ParseConfig (and `req.parse_outputs`, its output options), resolved
+        once; a bad one (SamplingParams.verify already refuses those in the main process)
+        aborts the request and serves it losslessly."""
         config = getattr(req, "parse_config", None)
         if config is None:
+            custom = req.sampling_params.custom_params
             try:
-                config = request_parse_config(req.sampling_params.custom_params, self.config)
+                config = request_parse_config(custom, self.config)
+                req.parse_outputs = request_outputs(custom)
             except ValueError as err:
                 req.to_finish = FINISH_ABORT(str(err), 400, "BadRequestError")
                 config = ParseConfig.from_dict({"judge": False}, base=self.config)
+                req.parse_outputs = frozenset()
             req.parse_config = config
         return config
 
@@ -404,22 +407,14 @@ class ParseWorker(BaseSpecWorker):
         ).to(torch.int64)
 
     def _record_stats(self, reqs, window: Window, accepted: Accepted) -> None:
-        """Per-request counters on the Req, sent once in meta_info["parse_stats"] at finish."""
-        for req, draft_len, exact, judged in zip(
-            reqs, window.draft_lens.tolist(), accepted.exact.tolist(), accepted.judged.tolist()
-        ):
-            stats = getattr(req, "parse_stats", None) or dict.fromkeys(
-                ("rounds", "verify_passes", "draft_tokens", "accepted_exact", "accepted_judged"), 0
-            )
-            stats["rounds"] += 1
-            stats["verify_passes"] += 1
-            stats["draft_tokens"] += draft_len
-            stats["accepted_exact"] += exact
-            stats["accepted_judged"] += judged
-            req.parse_stats = stats
-            if req.customized_info is None:
-                req.customized_info = {}
-            req.customized_info[STATS_KEY] = [dict(stats)]
+        """Per-request counters (meta_info["parse"], scheduler_patches/request_stats.py) and
+        the server's totals (get_server_info, scheduler_patches/server_info.py)."""
+        draft_lens, exact, judged = window.draft_lens.tolist(), accepted.exact.tolist(), accepted.judged.tolist()
+        new_requests = 0
+        for i, req in enumerate(reqs):
+            probes = _probe_round(window, accepted, i) if RETURN_PROBE_SCORES in req.parse_outputs else None
+            new_requests += record_round(req, draft_lens[i], exact[i], judged[i], probes)
+        self.totals.add_pass(new_requests, len(reqs), sum(draft_lens), sum(exact), sum(judged))
 
     def _result(self, batch, committed: Committed, window: Window, accepted: Accepted, chain_logits, can_run_graph):
         chain_output = LogitsProcessorOutput(next_token_logits=chain_logits)
@@ -502,6 +497,18 @@ def target_phase_stop(tokenizer, done: list, run: list, config: ParseConfig) -> 
         if count >= config.probe_stride or count in delimiter_ends(texts[:count], config.delimiters):
             return count - len(done)
     return None
+
+
+def _probe_round(window: Window, accepted: Accepted, i: int) -> dict:
+    """Request i's `probe_scores` entry of this round: the draft it verified, how much of it
+    was accepted, and [boundary, score] of each real probe."""
+    bounds = window.boundaries[i].tolist()
+    scores = accepted.scores[i].tolist() if accepted.scores is not None else []
+    return {
+        "draft": window.chain_tokens[i, 1 : 1 + int(window.draft_lens[i])].tolist(),
+        "accepted": int(accepted.exact[i] + accepted.judged[i]),
+        "probes": [[b, score] for b, score in zip(bounds, scores) if b > 0],
+    }
 
 
 def _with_padding_probes(bounds: list[int], count: int, length: int) -> list[int]:

@@ -7,18 +7,24 @@ Two engines per module on the tiny fp32 pair (draft = target + 5% weight noise):
 - judged: the judge on with τ = 0 and a probe every 2 draft tokens, L = 6; requests
   change τ, the judge and the after-rejection policy per request
   (`custom_params={"parse": {...}}`), and the reference implementation
-  (parse_sglang.reference, Hugging Face) must reproduce them token for token.
+  (parse_sglang.reference, Hugging Face) must reproduce them token for token, down to
+  every judge score.
+Responses carry `meta_info["parse"]` (per-request counters) and `get_server_info()` the
+server's PARSE totals.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 
 import pytest
 import torch
 
 from conftest import PROMPTS, engine_kwargs
+from parse_sglang.config import ParseConfig
+from parse_sglang.scheduler_patches.request_stats import COUNTERS
 
 pytestmark = pytest.mark.sglang
 
@@ -89,9 +95,35 @@ def judged_engine(tiny_pair, engine_factory):
         yield engine
 
 
+def stop_string_cases(tokenizer, outputs: dict, count: int = 6) -> list[tuple[str, str]]:
+    """(prompt, stop) pairs: the text of two tokens of the prompt's greedy output
+    (`outputs[prompt]`), every third token of the output's printable ASCII start."""
+    cases = []
+    for prompt, ids in outputs.items():
+        for end in range(2, len(ids), 3):
+            head = tokenizer.decode(ids[:end])
+            if not (head.isascii() and head.isprintable()):
+                break
+            piece = tokenizer.decode(ids[end - 2 : end]).strip()
+            if len(piece) >= 3:
+                cases.append((prompt, piece))
+    assert len(cases) >= 2, "the tiny target's outputs hold too few ASCII stop strings"
+    return cases[:count]
+
+
+def cut_at_stop_string(tokenizer, ids: list[int], stop: str) -> tuple[list[int], str]:
+    """SGLang's stop-string rule: output_ids end with the first token that completes `stop`,
+    the text right before `stop`."""
+    for end in range(1, len(ids) + 1):
+        text = tokenizer.decode(ids[:end])
+        if stop in text:
+            return ids[:end], text[: text.index(stop)]
+    raise AssertionError(f"{stop!r} is not in the output")
+
+
 def emitted_by_rounds(meta) -> int:
     """Tokens PARSE produced: the prefill token, then a bonus plus the accepted drafts per round."""
-    stats = meta["parse_stats"][0]
+    stats = meta["parse"]
     return 1 + stats["rounds"] + stats["accepted_exact"] + stats["accepted_judged"]
 
 
@@ -102,7 +134,8 @@ def test_lossless_batch_equals_target_greedy(lossless_engine, target_greedy):
     outs = lossless_engine.generate(BATCH_PROMPTS, greedy({}))
     for prompt, out in zip(BATCH_PROMPTS, outs):
         assert out["output_ids"] == target_greedy[prompt], prompt
-        stats = out["meta_info"]["parse_stats"][0]
+        stats = out["meta_info"]["parse"]
+        assert set(stats) == set(COUNTERS) and all(type(value) is int for value in stats.values()), stats
         assert stats["accepted_judged"] == 0
         assert stats["rounds"] == out["meta_info"]["spec_verify_ct"]
     tokens = sum(out["meta_info"]["completion_tokens"] for out in outs)
@@ -120,7 +153,7 @@ def test_lossless_max_new_tokens_inside_accepted_draft(lossless_engine, target_g
     for n, out in zip(limits, outs):
         assert out["output_ids"] == target_greedy[prompt][:n], n
         assert out["meta_info"]["finish_reason"]["type"] == "length"
-        cut_inside += "parse_stats" in out["meta_info"] and emitted_by_rounds(out["meta_info"]) > n
+        cut_inside += "parse" in out["meta_info"] and emitted_by_rounds(out["meta_info"]) > n
     assert cut_inside >= 2  # some rounds emitted more tokens than were left
 
 
@@ -139,6 +172,50 @@ def test_lossless_stop_token_inside_accepted_draft(lossless_engine, target_greed
     assert cut_inside >= 1
 
 
+def test_lossless_stop_string_inside_accepted_draft(lossless_engine, hf_target, target_greedy):
+    """A stop string completed inside a round's accepted tokens ends the output exactly where
+    the target alone would have stopped (ids through the completing token, text before it)."""
+    tokenizer, _ = hf_target
+    cases = stop_string_cases(tokenizer, target_greedy)
+    outs = lossless_engine.generate([p for p, _ in cases], [greedy({}, stop=[stop]) for _, stop in cases])
+    cut_inside = 0
+    for (prompt, stop), out in zip(cases, outs):
+        ids, text = cut_at_stop_string(tokenizer, target_greedy[prompt], stop)
+        assert (out["output_ids"], out["text"]) == (ids, text), (prompt, stop)
+        assert out["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop}
+        cut_inside += emitted_by_rounds(out["meta_info"]) > len(ids)
+    assert cut_inside >= 1
+
+
+def test_server_info_reports_parse_totals(lossless_engine):
+    """get_server_info()["internal_states"][0]["parse"]: the worker's totals, which grow by
+    exactly the per-request counters of the requests served in between."""
+
+    def totals() -> dict:
+        (state,) = lossless_engine.get_server_info()["internal_states"]
+        json.dumps(state["parse"])  # JSON-serialisable as /server_info sends it
+        return state["parse"]
+
+    before = totals()
+    outs = lossless_engine.generate(BATCH_PROMPTS, greedy({}))
+    after = totals()
+    stats = [out["meta_info"]["parse"] for out in outs]
+    delta = {name: after[name] - before[name] for name in (*COUNTERS, "requests", "emitted_tokens")}
+    assert delta["requests"] == len(outs)
+    for name in ("rounds", "draft_tokens", "accepted_exact", "accepted_judged"):
+        assert delta[name] == sum(s[name] for s in stats), name
+    assert delta["emitted_tokens"] == sum(emitted_by_rounds(out["meta_info"]) - 1 for out in outs)
+    # Passes verify several requests at once (max_running_requests=4), so fewer passes than
+    # request-rounds; not all 11 at once, so more passes than any one request's rounds.
+    assert max(s["rounds"] for s in stats) < delta["verify_passes"] < delta["rounds"]
+    accepted = after["accepted_exact"] + after["accepted_judged"]
+    assert after["tokens_per_round"] == pytest.approx(after["emitted_tokens"] / after["rounds"])
+    assert after["tokens_per_verify_pass"] == pytest.approx(after["emitted_tokens"] / after["verify_passes"])
+    assert after["draft_tokens_per_round"] == pytest.approx(after["draft_tokens"] / after["rounds"])
+    assert after["acceptance_rate"] == pytest.approx(accepted / after["draft_tokens"])
+    assert after["judged_share"] == 0.0 and after["tokens_per_round"] > 1.2
+
+
 # ----- judge on -------------------------------------------------------------------------
 
 
@@ -148,7 +225,7 @@ def test_judge_accepts_beyond_exact_match(judged_engine):
         meta = out["meta_info"]
         assert meta["completion_tokens"] == MAX_NEW == len(out["output_ids"])
         assert meta["spec_verify_ct"] < meta["completion_tokens"]
-    judged = sum(out["meta_info"]["parse_stats"][0]["accepted_judged"] for out in outs)
+    judged = sum(out["meta_info"]["parse"]["accepted_judged"] for out in outs)
     verifies = sum(out["meta_info"]["spec_verify_ct"] for out in outs)
     # τ = 0 accepts every full draft: L + 1 tokens per verify, bar the final cut.
     assert sum(MAX_NEW - 1 for _ in outs) / verifies > JUDGED_STEPS
@@ -163,9 +240,9 @@ def test_judge_off_requests_in_a_judged_batch_stay_lossless(judged_engine, targe
     for i, (prompt, out) in enumerate(zip(BATCH_PROMPTS, outs)):
         if i % 2 == 0:
             assert out["output_ids"] == target_greedy[prompt], prompt
-            assert out["meta_info"]["parse_stats"][0]["accepted_judged"] == 0
+            assert out["meta_info"]["parse"]["accepted_judged"] == 0
         else:
-            assert out["meta_info"]["parse_stats"][0]["accepted_judged"] > 0
+            assert out["meta_info"]["parse"]["accepted_judged"] > 0
 
 
 @pytest.mark.parametrize("after_rejection", ["redraft", "target_to_delimiter"])
@@ -175,7 +252,6 @@ def test_judged_rounds_equal_reference(judged_engine, tiny_pair, hf_target, afte
     target's first token), must emit the same tokens, with either policy after a rejection."""
     from transformers import AutoModelForCausalLM
 
-    from parse_sglang.config import ParseConfig
     from parse_sglang.reference import ParseGenerator
 
     tokenizer, target = hf_target
@@ -191,13 +267,65 @@ def test_judged_rounds_equal_reference(judged_engine, tiny_pair, hf_target, afte
         state = tokenizer(prompt).input_ids + out["output_ids"][:1]
         expected, stats = reference.generate(state, MAX_NEW - 1)
         assert out["output_ids"][1:] == expected, prompt
-        assert out["meta_info"]["parse_stats"][0]["accepted_judged"] == stats.accepted_judged
+        assert out["meta_info"]["parse"]["accepted_judged"] == stats.accepted_judged
         judged, exact = judged + stats.accepted_judged, exact + stats.accepted_exact
         if after_rejection != "redraft":
             policy_mattered += redraft.generate(state, MAX_NEW - 1)[0] != expected
     assert judged > 0 and exact > 0  # both kinds of acceptance happened
     if after_rejection != "redraft":
         assert policy_mattered > 0  # the target phases changed the output, and SGLang followed
+
+
+def test_judge_scores_equal_reference(judged_engine, hf_target):
+    """Every judge score SGLang's verify pass read (`return_probe_scores`) equals the Hugging
+    Face reference's `parallel_verify` + `judge_scores` on the same committed context, draft
+    and boundaries within 1e-3."""
+    from parse_sglang.judge import build_judge_probe, judge_scores
+    from parse_sglang.reference import parallel_verify
+
+    tokenizer, target = hf_target
+    probe = build_judge_probe(tokenizer, ParseConfig().judge_question)
+    prompts = BATCH_PROMPTS[:3]
+    settings = {"threshold": 0.3, "return_probe_scores": True}
+    outs = judged_engine.generate(prompts, greedy({"custom_params": {"parse": settings}}))
+    compared, accepted_judged = 0, 0
+    for prompt, out in zip(prompts, outs):
+        stats, output = out["meta_info"]["parse"], out["output_ids"]
+        assert set(stats) == {*COUNTERS, "probe_scores"} and len(stats["probe_scores"]) == stats["rounds"]
+        committed = 1  # the prefill's token, then a round's accepted drafts and its bonus token
+        for round_ in stats["probe_scores"]:
+            draft, accepted, probes = round_["draft"], round_["accepted"], round_["probes"]
+            assert output[committed : committed + accepted] == draft[:accepted]
+            if probes:
+                context = tokenizer(prompt).input_ids + output[:committed]
+                bounds = [b for b, _ in probes]
+                with torch.no_grad():
+                    _, probe_logits = parallel_verify(target, context, draft, bounds, probe.suffix_ids)
+                expected = judge_scores(probe_logits, probe)
+                got = torch.tensor([score for _, score in probes])
+                assert torch.allclose(got, expected, rtol=0, atol=1e-3), (prompt, bounds, got, expected)
+                compared += len(probes)
+            committed += accepted + 1
+        assert committed >= len(output)
+        accepted_judged += stats["accepted_judged"]
+    assert compared >= 10 and accepted_judged > 0
+
+
+def test_judged_stop_string_inside_accepted_draft(judged_engine, hf_target):
+    """A stop string completed inside judge-accepted tokens cuts the judged output (which a
+    stop string cannot change before it) exactly as SGLang cuts any output."""
+    tokenizer, _ = hf_target
+    full = judged_engine.generate(BATCH_PROMPTS, greedy({}))
+    cases = stop_string_cases(tokenizer, {p: out["output_ids"] for p, out in zip(BATCH_PROMPTS, full)})
+    outs = judged_engine.generate([p for p, _ in cases], [greedy({}, stop=[stop]) for _, stop in cases])
+    by_prompt = dict(zip(BATCH_PROMPTS, full))
+    cut_inside = judged = 0
+    for (prompt, stop), out in zip(cases, outs):
+        ids, text = cut_at_stop_string(tokenizer, by_prompt[prompt]["output_ids"], stop)
+        assert (out["output_ids"], out["text"]) == (ids, text), (prompt, stop)
+        cut_inside += emitted_by_rounds(out["meta_info"]) > len(ids)
+        judged += out["meta_info"]["parse"]["accepted_judged"]
+    assert cut_inside >= 1 and judged > 0
 
 
 def test_sampling_logprobs_and_grammar_requests_are_served(judged_engine):
@@ -208,7 +336,7 @@ def test_sampling_logprobs_and_grammar_requests_are_served(judged_engine):
     regex = "(yes|no), (yes|no)\\."
     out = judged_engine.generate(BATCH_PROMPTS[1], greedy({}, regex=regex, max_new_tokens=20))
     assert re.fullmatch(regex, out["text"]), out["text"]
-    assert out["meta_info"]["parse_stats"][0]["accepted_judged"] == 0  # the judge is off for grammars
+    assert out["meta_info"]["parse"]["accepted_judged"] == 0  # the judge is off for grammars
 
 
 def test_bad_request_settings_are_refused_by_name(judged_engine):
@@ -217,6 +345,8 @@ def test_bad_request_settings_are_refused_by_name(judged_engine):
         ({"judge_question": "Ok?"}, "judge_question"),
         ({"draft_budget": JUDGED_STEPS + 1}, f"draft_budget={JUDGED_STEPS + 1}"),
         ({"probe_stride": 1}, "probe_stride=1"),
+        ({"return_probe_scores": 1}, "return_probe_scores=1 is invalid: allowed is true or false"),
+        ({"nope": 1}, r"unknown key\(s\) \['nope'\]: allowed are .*'return_probe_scores'"),
     ):
         with pytest.raises(ValueError, match=named):
             judged_engine.generate(PROMPTS[0], greedy({"custom_params": {"parse": bad}}))
@@ -243,6 +373,18 @@ def test_startup_refuses_bad_settings_by_name(tiny_pair, cpu_runtime, settings, 
         settings = {"speculative_draft_model_path": str(tiny_pair[1]), **settings}
     with pytest.raises(ValueError, match=message):
         sglang.Engine(**engine_kwargs(tiny_pair[0], speculative_algorithm="PARSE", **settings))
+
+
+def test_startup_refuses_draft_with_other_vocabulary(tiny_pair, cpu_runtime, tmp_path_factory):
+    """Refused in the caller's process, naming the draft and both vocabulary sizes."""
+    import sglang
+
+    from parse_sglang.tiny_models import build_model
+
+    draft = str(build_model(tmp_path_factory.mktemp("draft_vocab300"), vocab_size=300))
+    named = f"--speculative-draft-model-path={draft!r}: its vocabulary size 300 differs from the target's 400"
+    with pytest.raises(ValueError, match=re.escape(named)):
+        sglang.Engine(**engine_kwargs(tiny_pair[0], speculative_algorithm="PARSE", speculative_draft_model_path=draft))
 
 
 def test_cli_flag_carries_parse_config(tiny_pair, cpu_runtime):
@@ -282,7 +424,6 @@ def test_server_settings_merge_cli_json_and_num_steps():
 
 
 def test_request_settings_may_only_narrow_the_server_window():
-    from parse_sglang.config import ParseConfig
     from parse_sglang.settings import request_parse_config
 
     server = ParseConfig(draft_budget=8, probe_stride=4)
@@ -295,12 +436,24 @@ def test_request_settings_may_only_narrow_the_server_window():
         request_parse_config({"parse": {"delimiters": ["\n"]}}, server)
 
 
+def test_request_output_options_are_not_settings():
+    from parse_sglang.settings import request_outputs, request_parse_config
+
+    server = ParseConfig(draft_budget=8, probe_stride=4)
+    asked = {"parse": {"return_probe_scores": True, "threshold": 0.9}}
+    assert request_outputs(asked) == {"return_probe_scores"}
+    assert request_parse_config(asked, server) == dataclasses.replace(server, threshold=0.9)
+    assert request_parse_config({"parse": {"return_probe_scores": False}}, server) is server
+    assert request_outputs({"parse": {"threshold": 0.9}}) == request_outputs(None) == frozenset()
+    with pytest.raises(ValueError, match=r"return_probe_scores='yes' is invalid"):
+        request_outputs({"parse": {"return_probe_scores": "yes"}})
+
+
 def test_window_bound_holds_for_every_boundary_placement():
     """N_max must hold every window the worker builds: K never exceeds max_probes."""
     import random
 
     from parse_sglang.boundaries import select_boundaries
-    from parse_sglang.config import ParseConfig
     from parse_sglang.settings import max_probes, verify_window_max
 
     rng = random.Random(0)
