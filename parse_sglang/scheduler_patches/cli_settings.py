@@ -23,7 +23,9 @@ from __future__ import annotations
 
 import argparse
 
-from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+from sglang.srt.plugins.hook_registry import HookType
+
+from parse_sglang.scheduler_patches import register_hooks_once
 
 ADD_CLI_ARGS = "sglang.srt.server_args.ServerArgs.add_cli_args"
 FROM_CLI_ARGS = "sglang.srt.server_args.ServerArgs.from_cli_args"
@@ -68,17 +70,14 @@ def _server_args_with_parse_config(build):
     return staticmethod(server_args_class)
 
 
-_registered = False
-
-
 def install() -> str:
-    global _registered
-    if not _registered:
-        from sglang.srt.entrypoints.engine import Engine
+    from sglang.srt.entrypoints.engine import Engine
 
-        HookRegistry.register(ADD_CLI_ARGS, add_parse_flag, HookType.AFTER)
-        HookRegistry.register(FROM_CLI_ARGS, store_parse_flag, HookType.AFTER)
-        if not hasattr(Engine.server_args_class, "parse_sglang_builds"):
-            Engine.server_args_class = _server_args_with_parse_config(Engine.server_args_class)
-        _registered = True
+    register_hooks_once(
+        __name__,
+        (ADD_CLI_ARGS, add_parse_flag, HookType.AFTER),
+        (FROM_CLI_ARGS, store_parse_flag, HookType.AFTER),
+    )
+    if not hasattr(Engine.server_args_class, "parse_sglang_builds"):
+        Engine.server_args_class = _server_args_with_parse_config(Engine.server_args_class)
     return f"{CLI_FLAG} flag and sglang.Engine({ENGINE_KEYWORD}=...) keyword -> server_args._parse_config"

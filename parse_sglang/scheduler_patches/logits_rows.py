@@ -14,7 +14,9 @@ algorithms' verify inputs have no `logits_row_index` and are left alone.
 
 from __future__ import annotations
 
-from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+from sglang.srt.plugins.hook_registry import HookType
+
+from parse_sglang.scheduler_patches import register_hooks_once
 
 TARGET = "sglang.srt.layers.logits_processor.LogitsMetadata.from_forward_batch"
 
@@ -31,12 +33,6 @@ def keep_parse_rows(metadata, cls, forward_batch):
     return metadata
 
 
-_registered = False
-
-
 def install() -> str:
-    global _registered
-    if not _registered:
-        HookRegistry.register(TARGET, keep_parse_rows, HookType.AFTER)
-        _registered = True
+    register_hooks_once(__name__, (TARGET, keep_parse_rows, HookType.AFTER))
     return f"{TARGET}: AFTER hook pruning PARSE verify logits to chain + probe read-out rows"

@@ -11,7 +11,9 @@ the worker could only abort it mid-flight.
 
 from __future__ import annotations
 
-from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+from sglang.srt.plugins.hook_registry import HookType
+
+from parse_sglang.scheduler_patches import register_hooks_once
 
 from parse_sglang.settings import REQUEST_KEY, request_parse_config, server_parse_config
 
@@ -37,12 +39,6 @@ def verify_parse_params(result, sampling_params, vocab_size):
     return result
 
 
-_registered = False
-
-
 def install() -> str:
-    global _registered
-    if not _registered:
-        HookRegistry.register(TARGET, verify_parse_params, HookType.AFTER)
-        _registered = True
+    register_hooks_once(__name__, (TARGET, verify_parse_params, HookType.AFTER))
     return f'{TARGET}: AFTER hook validating custom_params["{REQUEST_KEY}"]'

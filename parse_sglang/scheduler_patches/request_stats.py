@@ -31,7 +31,9 @@ from __future__ import annotations
 
 from typing import Optional
 
-from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+from sglang.srt.plugins.hook_registry import HookType
+
+from parse_sglang.scheduler_patches import register_hooks_once
 
 STATS_KEY = "parse"
 COUNTERS = ("rounds", "verify_passes", "draft_tokens", "accepted_exact", "accepted_judged")
@@ -86,15 +88,12 @@ def unwrap_stats(result, manager, meta_info, *args, **kwargs):
     return result
 
 
-_registered = False
-
-
 def install() -> str:
-    global _registered
-    if not _registered:
-        HookRegistry.register(STREAMER_TARGET, stats_are_request_level, HookType.AROUND)
-        HookRegistry.register(META_INFO_TARGET, unwrap_stats, HookType.AFTER)
-        _registered = True
+    register_hooks_once(
+        __name__,
+        (STREAMER_TARGET, stats_are_request_level, HookType.AROUND),
+        (META_INFO_TARGET, unwrap_stats, HookType.AFTER),
+    )
     return (
         f"{STREAMER_TARGET}: AROUND hook making customized_info[{STATS_KEY!r}] request-level; "
         f"{META_INFO_TARGET}: AFTER hook putting it in meta_info as a dict"

@@ -25,7 +25,9 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+from sglang.srt.plugins.hook_registry import HookType
+
+from parse_sglang.scheduler_patches import register_hooks_once
 
 TARGET = (
     "sglang.srt.managers.scheduler_components.internal_state."
@@ -85,12 +87,6 @@ def add_parse_state(result, controller, state):
     return result
 
 
-_registered = False
-
-
 def install() -> str:
-    global _registered
-    if not _registered:
-        HookRegistry.register(TARGET, add_parse_state, HookType.AFTER)
-        _registered = True
+    register_hooks_once(__name__, (TARGET, add_parse_state, HookType.AFTER))
     return f"{TARGET}: AFTER hook adding PARSE's server totals as internal_state[{STATE_KEY!r}]"

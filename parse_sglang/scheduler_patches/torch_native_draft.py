@@ -18,8 +18,10 @@ branches need their own KV rows) keeps a refusal with a clear message.
 from __future__ import annotations
 
 import torch
-from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+from sglang.srt.plugins.hook_registry import HookType
 from sglang.srt.speculative.draft_utils import DraftBackendFactory
+
+from parse_sglang.scheduler_patches import register_hooks_once
 
 from parse_sglang.scheduler_patches.torch_native_verify import (
     BACKEND_NAME,
@@ -102,13 +104,7 @@ def _add_torch_native(original, factory, backend_name, backend_map, error_templa
     return original(factory, backend_name, backend_map, error_template, stamps_children)
 
 
-_registered = False
-
-
 def install() -> str:
     """Register the AROUND hook with SGLang's HookRegistry (once; applied by the caller)."""
-    global _registered
-    if not _registered:
-        HookRegistry.register(TARGET, _add_torch_native, HookType.AROUND)
-        _registered = True
+    register_hooks_once(__name__, (TARGET, _add_torch_native, HookType.AROUND))
     return f"{TARGET}: AROUND hook offering torch_native draft backends (topk=1)"
