@@ -1,0 +1,310 @@
+"""SGLang tier, HTTP, PARSE: what a user of `--speculative-algorithm PARSE` does to a server.
+
+One real server (`python -m parse_sglang.launch_server`, 127.0.0.1) serves the tiny fp32
+pair with PARSE, judge off, L = 4: the lossless mode, so every greedy output must equal the
+target's own greedy continuation (computed here with transformers, one prompt at a time).
+SGLang's memory checks are strict: every busy iteration logs and asserts the KV pool balance
+(`SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_BUSY=2`), and the idle check raises on a leak
+(`..._DURING_IDLE=1`), which kills the server. The tests share the server and its radix
+cache and run in file order; the last two read the pool balance after everything before
+them, then shut the server down.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+
+import psutil
+import pytest
+import requests
+import torch
+from test_sglang_server_cpu import MEM_LINE, Server, _alive, _free_port, _stop, _wait_healthy
+
+pytestmark = pytest.mark.sglang
+
+DRAFT_STEPS = 4  # L; a round emits at most L + 1 tokens
+TIMEOUT = 300  # seconds for one HTTP call: lenient, other test runs share these 2 cores
+MAX_RUNNING = 32  # of the 64 concurrent requests, half wait and join the running batch later
+LONG_RUN = 1000  # max_new_tokens of a request that is aborted long before it could finish
+
+
+def parse_stats(meta: dict) -> dict:
+    """PARSE's per-request counters (rounds, draft_tokens, accepted_exact, accepted_judged, verify_passes)."""
+    return meta["parse"]
+
+
+@pytest.fixture(scope="module")
+def hf_target(tiny_pair):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_pair[0])
+    model = AutoModelForCausalLM.from_pretrained(tiny_pair[0], dtype=torch.float32).eval()
+    return tokenizer, model
+
+
+def target_greedy(hf_target, prompt_ids: list[int], max_new: int) -> list[int]:
+    """The target's greedy continuation with EOS ignored (as SGLang's `ignore_eos`)."""
+    _, model = hf_target
+    tokens, threads = [], torch.get_num_threads()
+    torch.set_num_threads(1)  # a tiny model: on a busy machine a second thread only waits (6x slower)
+    try:
+        with torch.no_grad():
+            out = model(torch.tensor([prompt_ids]), use_cache=True)
+            for _ in range(max_new):
+                tokens.append(int(out.logits[0, -1].argmax()))
+                out = model(torch.tensor([tokens[-1:]]), past_key_values=out.past_key_values, use_cache=True)
+    finally:
+        torch.set_num_threads(threads)
+    return tokens
+
+
+def greedy(max_new: int, **extra) -> dict:
+    return {"max_new_tokens": max_new, "temperature": 0.0, "ignore_eos": True, **extra}
+
+
+@pytest.fixture(scope="module")
+def server(tiny_pair, tmp_path_factory):
+    target, draft = tiny_pair
+    port = _free_port()
+    args = [
+        "--model-path", str(target), "--device", "cpu", "--attention-backend", "torch_native",
+        "--disable-cuda-graph", "--dtype", "float32", "--max-total-tokens", "4096",
+        "--mem-fraction-static", "0.5", "--max-running-requests", str(MAX_RUNNING),
+        "--host", "127.0.0.1", "--port", str(port), "--log-level", "info",
+        "--speculative-algorithm", "PARSE", "--speculative-draft-model-path", str(draft),
+        "--speculative-num-steps", str(DRAFT_STEPS), "--parse-config", json.dumps({"judge": False}),
+    ]  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if k not in ("SGLANG_USE_CPU_ENGINE", "PYTHONPATH")}
+    env["SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_BUSY"] = "2"
+    env["SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE"] = "1"
+    log_path = tmp_path_factory.mktemp("parse_server") / "server.log"
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "parse_sglang.launch_server", *args],
+            stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+        )  # fmt: skip
+    srv = Server(proc, f"http://127.0.0.1:{port}", log_path)
+    try:
+        _wait_healthy(srv, timeout=600.0)
+        yield srv
+    finally:
+        if proc.poll() is None:
+            _stop(proc)
+
+
+class Stream:
+    """A streaming /generate request read on its own thread; `chunks` holds its decoded events."""
+
+    def __init__(self, server: Server, payload: dict):
+        self.chunks: list[dict] = []
+        self.started = threading.Event()  # set at the first chunk: the request is running
+        body = {**payload, "stream": True}
+        self.response = requests.post(server.url + "/generate", json=body, stream=True, timeout=TIMEOUT)
+        assert self.response.status_code == 200, self.response.text[:2000]
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    def _read(self):
+        try:
+            for line in self.response.iter_lines():
+                if line.startswith(b"data: ") and line != b"data: [DONE]":
+                    self.chunks.append(json.loads(line[len(b"data: ") :]))
+                    self.started.set()
+        finally:
+            self.started.set()
+
+    def wait_running(self):
+        assert self.started.wait(TIMEOUT) and self.chunks, "no chunk arrived"
+
+    def final(self) -> dict:
+        self.thread.join(TIMEOUT)
+        assert not self.thread.is_alive(), "stream did not end"
+        return self.chunks[-1]
+
+
+def test_radix_cache_holds_parse_committed_tokens(server, hf_target):
+    """B = A's prompt + A's output + more: the radix tree must hold A's prompt and every
+    output token of A that has KV (all but the last), committed there by PARSE rounds; the
+    cached target KV must be right (B equals the target's greedy) and so must the cached
+    draft KV (B's rounds after a cache flush, computed without the cache, are the same)."""
+    tokenizer, _ = hf_target
+    prompt = tokenizer("First the river and the moon, then the city light. " * 8).input_ids
+    assert len(prompt) >= 64
+    a = server.post("/generate", {"input_ids": prompt, "sampling_params": greedy(48)})
+    a_out = a["output_ids"]
+    assert len(a_out) == 48
+    rounds = parse_stats(a["meta_info"])["rounds"]
+    assert 0 < rounds < 47 and parse_stats(a["meta_info"])["accepted_exact"] > 0  # multi-token rounds
+
+    b_input = prompt + a_out + tokenizer(" So the total value is").input_ids
+    b = server.post("/generate", {"input_ids": b_input, "sampling_params": greedy(16)})
+    assert b["meta_info"]["cached_tokens"] == len(prompt) + len(a_out) - 1
+    assert b["output_ids"] == target_greedy(hf_target, b_input, 16)
+
+    assert requests.post(server.url + "/flush_cache", timeout=TIMEOUT).status_code == 200
+    fresh = server.post("/generate", {"input_ids": b_input, "sampling_params": greedy(16)})
+    assert fresh["meta_info"]["cached_tokens"] == 0
+    assert fresh["output_ids"] == b["output_ids"]
+    assert parse_stats(fresh["meta_info"]) == parse_stats(b["meta_info"])
+
+
+def test_abort_request_stops_only_that_request(server, hf_target):
+    """/abort_request on a running request while three others run: it ends with an abort
+    finish reason (its tokens so far still the target's), the others finish exactly."""
+    tokenizer, _ = hf_target
+    rid = f"parse-abort-{uuid.uuid4().hex}"
+    long_prompt = "The sun and the moon and the"
+    aborted = Stream(server, {"text": long_prompt, "rid": rid, "sampling_params": greedy(LONG_RUN)})
+    aborted.wait_running()
+    others = {p: Stream(server, {"text": p, "sampling_params": greedy(24)}) for p in ("one two", "def f(x):", "Yes no")}
+    for stream in others.values():
+        stream.wait_running()
+    reply = requests.post(server.url + "/abort_request", json={"rid": rid}, timeout=TIMEOUT)
+    assert reply.status_code == 200, reply.text
+
+    last = aborted.final()
+    assert last["meta_info"]["finish_reason"]["type"] == "abort"
+    out = last["output_ids"]
+    assert 0 < len(out) < LONG_RUN
+    assert out == target_greedy(hf_target, tokenizer(long_prompt).input_ids, len(out))
+    for prompt, stream in others.items():
+        final = stream.final()
+        assert final["meta_info"]["finish_reason"]["type"] == "length", prompt
+        assert final["output_ids"] == target_greedy(hf_target, tokenizer(prompt).input_ids, 24), prompt
+    assert requests.get(server.url + "/health", timeout=TIMEOUT).status_code == 200
+
+
+def test_closing_a_stream_aborts_its_request(server):
+    """A client that drops its streaming connection: SGLang aborts the request. Proof by
+    count: the server is idle again after fewer scheduler iterations than the request
+    needed to finish (each logs one memory-check line; a round emits at most L + 1 tokens)."""
+    log_offset = len(server.log())
+    stream = requests.post(
+        server.url + "/generate",
+        json={"text": "The cat and the dog", "stream": True, "sampling_params": greedy(LONG_RUN)},
+        stream=True,
+        timeout=TIMEOUT,
+    )
+    data_lines = (line for line in stream.iter_lines() if line.startswith(b"data: "))
+    for _ in range(3):
+        next(data_lines)
+    stream.close()
+
+    deadline = time.monotonic() + TIMEOUT
+    while requests.post(server.url + "/flush_cache", timeout=TIMEOUT).status_code != 200:  # 400 while running
+        assert time.monotonic() < deadline, "the request still runs after its client left"
+        time.sleep(0.5)
+    iterations = len(MEM_LINE.findall(server.log()[log_offset:]))
+    assert 0 < iterations < LONG_RUN / (DRAFT_STEPS + 1)
+    assert requests.get(server.url + "/health", timeout=TIMEOUT).status_code == 200
+
+
+def test_64_concurrent_requests_equal_target_greedy(server, hf_target):
+    """64 requests at once (32 run, the rest queue and join mid-flight; some share
+    prefixes; 4 to 12 new tokens, so they finish at different rounds)."""
+    tokenizer, _ = hf_target
+    rng = random.Random(0)
+    words = "the a model draft token answer step one two three add sum so then cat dog sun moon red".split()
+    shared = "Step one: add the numbers. "
+    prompts = [
+        (shared if i % 4 == 0 else "") + " ".join(rng.choice(words) for _ in range(rng.randint(2, 20)))
+        for i in range(64)
+    ]
+    max_new = [4 + i % 9 for i in range(64)]
+
+    def send(i: int) -> dict:
+        return server.post("/generate", {"text": prompts[i], "sampling_params": greedy(max_new[i])})
+
+    with ThreadPoolExecutor(max_workers=64) as pool:
+        outs = list(pool.map(send, range(64)))
+    tokens = rounds = 0
+    for prompt, n, out in zip(prompts, max_new, outs):
+        meta, stats = out["meta_info"], parse_stats(out["meta_info"])
+        assert out["output_ids"] == target_greedy(hf_target, tokenizer(prompt).input_ids, n), prompt
+        assert meta["completion_tokens"] == n and meta["finish_reason"]["type"] == "length"
+        assert 0 < stats["rounds"] == stats["verify_passes"] == meta["spec_verify_ct"]
+        assert stats["accepted_judged"] == 0
+        tokens, rounds = tokens + n - 1, rounds + stats["rounds"]  # the first token is the prefill's
+    assert tokens / rounds > 1.2  # drafts were accepted: more than one token per round
+
+
+def test_malformed_custom_params_fail_only_that_request(server, hf_target):
+    """A bad `custom_params["parse"]` is HTTP 400 naming the setting; a good request sent
+    alongside it is served exactly."""
+    tokenizer, _ = hf_target
+    bad = [({"threshold": 2}, "threshold=2 is invalid"), ({"nope": 1}, "['nope']"), ("x", "='x' is not valid JSON")]
+
+    def send(custom) -> requests.Response:
+        params = greedy(24, custom_params={"parse": custom}) if custom is not None else greedy(24)
+        body = {"text": "one two", "sampling_params": params}
+        return requests.post(server.url + "/generate", json=body, timeout=TIMEOUT)
+
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        good = pool.submit(send, None)
+        replies = list(pool.map(send, [custom for custom, _ in bad]))
+        good = good.result()
+    for (custom, named), reply in zip(bad, replies):
+        assert reply.status_code == 400, (custom, reply.text)
+        message = reply.json()["error"]["message"]
+        assert 'custom_params["parse"]' in message and named in message, message
+    assert good.status_code == 200, good.text
+    assert good.json()["output_ids"] == target_greedy(hf_target, tokenizer("one two").input_ids, 24)
+
+
+def test_v1_completions_with_parse(server, hf_target):
+    """OpenAI /v1/completions: same text as /generate (whose ids are the target's greedy),
+    with or without a per-request L; a bad per-request setting is a 400 there too."""
+    tokenizer, _ = hf_target
+    prompt = "Finally, the result value equals"
+    generated = server.post("/generate", {"text": prompt, "sampling_params": greedy(12)})
+    assert generated["output_ids"] == target_greedy(hf_target, tokenizer(prompt).input_ids, 12)
+
+    def complete(**extra) -> requests.Response:
+        body = {"model": "default", "prompt": prompt, "max_tokens": 12, "temperature": 0, "ignore_eos": True, **extra}
+        return requests.post(server.url + "/v1/completions", json=body, timeout=TIMEOUT)
+
+    for extra in ({}, {"custom_params": {"parse": {"draft_budget": 2}}}):
+        reply = complete(**extra)
+        assert reply.status_code == 200, reply.text
+        completion = reply.json()
+        assert completion["object"] == "text_completion"
+        assert completion["choices"][0]["text"] == generated["text"], extra
+        assert completion["choices"][0]["finish_reason"] == "length"
+        assert completion["usage"]["completion_tokens"] == 12
+    reply = complete(custom_params={"parse": {"threshold": 2}})
+    assert reply.status_code == 400 and "threshold=2 is invalid" in reply.json()["message"], reply.text
+
+
+def test_memory_check_clean_after_everything(server):
+    time.sleep(2.0)  # idle: the strict idle check runs every idle scheduler loop
+    assert server.proc.poll() is None, server.log()[-4000:]
+    assert requests.get(server.url + "/health", timeout=TIMEOUT).status_code == 200
+    log = server.log()
+    assert "leak" not in log.lower()
+    assert "Traceback" not in log
+    balances = [tuple(map(int, m)) for m in MEM_LINE.findall(log)]
+    assert len(balances) >= 50  # the check ran on every busy iteration of the tests above (~100)
+    total, available, evictable, protected, session_held, uncached = balances[-1]
+    assert (protected, session_held, uncached) == (0, 0, 0)
+    assert available + evictable == total
+
+
+def test_shutdown_leaves_no_process(server):
+    pids = [p.pid for p in psutil.Process(server.proc.pid).children(recursive=True)] + [server.proc.pid]
+    assert len(pids) >= 3  # launcher, scheduler, detokenizer
+    server.proc.send_signal(signal.SIGTERM)
+    server.proc.wait(timeout=TIMEOUT)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and any(map(_alive, pids)):
+        time.sleep(0.5)
+    left = [p for p in pids if _alive(p)]
+    assert left == [], f"processes left after shutdown: {left}"
