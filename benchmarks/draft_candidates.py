@@ -15,11 +15,16 @@ target's own greedy trajectory (chat template applied):
   agree     top-1 agreement with the target (teacher-forced over the target's tokens)
   tok/fwd   tokens per target forward of lossless speculative decoding (judge off), simulated
             exactly from the agreement sequence: a round emits min(run, L) + 1 tokens
-  cost      draft decode step / target decode step, batch 1, 64-token context, CPU threads as
-            given (min over interleaved repetitions, to resist other load on the machine)
-  MACs      the same ratio counted in multiply-accumulates per decoded token (weights only):
-            hardware independent, and noise free where the machine is shared
-  est x     estimated lossless speed-up with the best L: tok/fwd * t_step / (t_verify(L+1) + L*t_draft)
+  MACs      draft / target multiply-accumulates per decoded token (weights only, so also the
+            ratio of weight bytes a decode step reads): hardware independent
+  est x     estimated lossless speed-up at the best L (column "L"), the usual model of
+            speculative decoding where a verify pass of L+1 tokens costs one target step:
+            tok/fwd(L) / (1 + L * MACs)
+  cost, est x meas.
+            the same from wall-clock times on this machine: draft / target decode step
+            (batch 1, 64-token context, min over interleaved repetitions) and
+            tok/fwd(L) * t_step / (t_verify(L+1) + L * t_draft) at its best L. On a shared
+            CPU these swing run to run; the MACs columns do not.
 Then, for the best few, the HF reference PARSE generator (`parse_sglang.reference`) with the
 judge off (its tokens per target forward must match the simulated column) and on (how much
 the target's own judge accepts beyond exact matches, and whether answers change).
@@ -262,7 +267,7 @@ def main(argv=None) -> int:
     parser.add_argument("--max-new-tokens", type=int, default=48)
     parser.add_argument("--search-down-to", type=int, default=12, help="greedy removal stops at this many layers")
     parser.add_argument("--search-width", type=int, default=6, help="layers tried per greedy step (lowest influence)")
-    parser.add_argument("--repeats", type=int, default=15, help="timing passes (min kept)")
+    parser.add_argument("--repeats", type=int, default=25, help="timing passes (min kept)")
     parser.add_argument("--reference-top", type=int, default=3, help="run the HF PARSE reference on the best N")
     parser.add_argument("--reference-budget", type=int, default=4, help="draft budget L of those runs")
     parser.add_argument("--cache-dir", default=None, help="model cache (default: parse_sglang.smollm2's)")
@@ -331,22 +336,25 @@ def main(argv=None) -> int:
     for c in candidates:
         f = flags[c.name]
         agree = float(torch.cat(f).float().mean())
+        macs = macs_per_token(target.config, len(c.layers)) / macs_per_token(target.config, total)
         cost = steps[(len(c.layers), c.dtype)] / t_step
         per_budget = {L: lossless_tokens_per_forward(f, L) for L in BUDGETS}
-        est = {L: per_budget[L] * t_step / (verify[L] + L * cost * t_step) for L in BUDGETS}
-        best_L = max(est, key=est.get)
-        macs = macs_per_token(target.config, len(c.layers)) / macs_per_token(target.config, total)
+        est = {L: per_budget[L] / (1 + L * macs) for L in BUDGETS}
+        measured = {L: per_budget[L] * t_step / (verify[L] + L * cost * t_step) for L in BUDGETS}
+        best_L, best_measured = max(est, key=est.get), max(measured, key=measured.get)
         rows.append([c.name + (" (chosen)" if c.layers == smollm2.DRAFT_LAYERS else ""), len(c.layers), agree,
-                     per_budget[args.reference_budget], cost, macs, best_L, est[best_L], layer_text(c.layers, total)])
+                     per_budget[args.reference_budget], macs, est[best_L], best_L, cost,
+                     f"{measured[best_measured]:.3f} (L={best_measured})", layer_text(c.layers, total)])
         if c.name != "target (reference)" and c.dtype == torch.float32:
             scored.append((est[best_L], agree, c))
 
     out = ["## Draft candidates for SmolLM2-135M-Instruct (fp32 target, 30 layers)", "",
            f"{len(EVAL_PROMPTS)} eval prompts, {args.max_new_tokens} target greedy tokens each "
-           f"({sum(eval_tf.lengths)} tokens), torch threads={args.threads}; "
-           f"target decode step {t_step * 1e3:.1f} ms, verify window of 5 tokens {verify[4] * 1e3:.1f} ms.", "",
-           table(["candidate", "layers", "agree", f"tok/fwd L={args.reference_budget}", "cost", "MACs", "best L", "est x",
-                  "kept layers"], rows), ""]
+           f"({sum(eval_tf.lengths)} tokens), torch threads={args.threads}; measured: target decode step "
+           f"{t_step * 1e3:.1f} ms, verify windows of 2 / 5 / 9 tokens "
+           f"{verify[1] * 1e3:.1f} / {verify[4] * 1e3:.1f} / {verify[8] * 1e3:.1f} ms.", "",
+           table(["candidate", "layers", "agree", f"tok/fwd L={args.reference_budget}", "MACs", "est x", "L",
+                  "cost", "est x meas.", "kept layers"], rows), ""]
 
     scored.sort(key=lambda s: (s[0], s[1]), reverse=True)
     top = [c for _, _, c in scored[: args.reference_top]]

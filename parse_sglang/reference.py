@@ -267,7 +267,7 @@ def _run(args, config: ParseConfig):
     draft = AutoModelForCausalLM.from_pretrained(args.draft, dtype=torch.float32).eval()
     if args.chat:
         prompt_ids = tokenizer.apply_chat_template(
-            [{"role": "user", "content": args.prompt}], add_generation_prompt=True, tokenize=True
+            [{"role": "user", "content": args.prompt}], add_generation_prompt=True, tokenize=True, return_dict=False
         )
         prompt_ids = prompt_ids["input_ids"] if isinstance(prompt_ids, dict) else prompt_ids
     else:
