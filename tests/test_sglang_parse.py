@@ -47,15 +47,6 @@ def greedy(params, **extra):
 
 
 @pytest.fixture(scope="module")
-def hf_target(tiny_pair):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(tiny_pair[0])
-    model = AutoModelForCausalLM.from_pretrained(tiny_pair[0], dtype=torch.float32).eval()
-    return tokenizer, model
-
-
-@pytest.fixture(scope="module")
 def target_greedy(hf_target):
     """prompt -> the target's greedy continuation (MAX_NEW tokens), from transformers."""
     tokenizer, model = hf_target
@@ -91,6 +82,8 @@ def judged_engine(tiny_pair, engine_factory):
         speculative_draft_model_path=str(tiny_pair[1]),
         speculative_num_steps=JUDGED_STEPS,
         parse_config={"threshold": 0.0, "probe_stride": JUDGED_STRIDE},
+        # JSON without free whitespace: else the random tiny target fills max_new_tokens with newlines
+        constrained_json_disable_any_whitespace=True,
     ) as engine:
         yield engine
 
@@ -328,15 +321,46 @@ def test_judged_stop_string_inside_accepted_draft(judged_engine, hf_target):
     assert cut_inside >= 1 and judged > 0
 
 
-def test_sampling_logprobs_and_grammar_requests_are_served(judged_engine):
-    sampled = greedy({}, temperature=0.8, top_p=0.9, max_new_tokens=12)
-    out = judged_engine.generate(BATCH_PROMPTS[0], sampled, return_logprob=True)
-    assert out["meta_info"]["completion_tokens"] == 12
-    assert len(out["meta_info"]["output_token_logprobs"]) == 12
+def test_sampled_requests_on_cpu_are_served_target_only(judged_engine, target_greedy):
+    """SGLang verifies drafts greedily on CPU whatever the temperature, so PARSE serves a
+    sampled request target-only there: no draft token kept, one token per round drawn with
+    the request's settings. Greedy requests in the same batch keep their judged drafts."""
+    prompts = BATCH_PROMPTS[:4]
+    sampled = {"max_new_tokens": 12, "temperature": 1.0, "top_p": 0.95, "ignore_eos": True}
+    batch = [p for p in prompts for _ in range(2)]
+    params = [greedy({}, max_new_tokens=12, ignore_eos=True), sampled] * len(prompts)
+    outs = judged_engine.generate(batch, params, return_logprob=True)
+    for prompt, param, out in zip(batch, params, outs):
+        meta, stats = out["meta_info"], out["meta_info"]["parse"]
+        assert meta["completion_tokens"] == 12
+        logprobs = meta["output_token_logprobs"]
+        assert [tok for _, tok, _ in logprobs] == out["output_ids"]
+        assert all(lp <= 0.0 for lp, _, _ in logprobs)
+        if param is sampled:
+            assert stats["draft_tokens"] == stats["accepted_exact"] == stats["accepted_judged"] == 0
+            assert stats["rounds"] == 11  # the prefill gave the first token, each round one more
+            assert out["output_ids"] != target_greedy[prompt][:12]
+        else:
+            assert stats["accepted_judged"] > 0 and stats["rounds"] < 11
+
+
+def test_constrained_requests_are_served(judged_engine):
+    """Regex and JSON-schema requests: the grammar holds on every emitted token (the judge
+    is off for them: it cannot check a grammar)."""
     regex = "(yes|no), (yes|no)\\."
     out = judged_engine.generate(BATCH_PROMPTS[1], greedy({}, regex=regex, max_new_tokens=20))
     assert re.fullmatch(regex, out["text"]), out["text"]
-    assert out["meta_info"]["parse"]["accepted_judged"] == 0  # the judge is off for grammars
+    assert out["meta_info"]["parse"]["accepted_judged"] == 0
+    schema = {
+        "type": "object",
+        "properties": {"answer": {"enum": ["yes", "no"]}, "count": {"enum": [1, 2, 3]}},
+        "required": ["answer", "count"],
+        "additionalProperties": False,
+    }
+    out = judged_engine.generate(BATCH_PROMPTS[2], greedy({}, json_schema=json.dumps(schema), max_new_tokens=40))
+    value = json.loads(out["text"])
+    assert set(value) == {"answer", "count"} and value["answer"] in ("yes", "no") and value["count"] in (1, 2, 3)
+    assert out["meta_info"]["parse"]["accepted_judged"] == 0
 
 
 def test_bad_request_settings_are_refused_by_name(judged_engine):

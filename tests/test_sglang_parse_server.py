@@ -27,7 +27,7 @@ import psutil
 import pytest
 import requests
 import torch
-from test_sglang_server_cpu import MEM_LINE, Server, _alive, _free_port, _stop, _wait_healthy
+from http_server import MEM_LINE, Server, alive, free_port, stop, wait_healthy
 
 pytestmark = pytest.mark.sglang
 
@@ -40,15 +40,6 @@ LONG_RUN = 1000  # max_new_tokens of a request that is aborted long before it co
 def parse_stats(meta: dict) -> dict:
     """PARSE's per-request counters (rounds, draft_tokens, accepted_exact, accepted_judged, verify_passes)."""
     return meta["parse"]
-
-
-@pytest.fixture(scope="module")
-def hf_target(tiny_pair):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(tiny_pair[0])
-    model = AutoModelForCausalLM.from_pretrained(tiny_pair[0], dtype=torch.float32).eval()
-    return tokenizer, model
 
 
 def target_greedy(hf_target, prompt_ids: list[int], max_new: int) -> list[int]:
@@ -74,7 +65,7 @@ def greedy(max_new: int, **extra) -> dict:
 @pytest.fixture(scope="module")
 def server(tiny_pair, tmp_path_factory):
     target, draft = tiny_pair
-    port = _free_port()
+    port = free_port()
     args = [
         "--model-path", str(target), "--device", "cpu", "--attention-backend", "torch_native",
         "--disable-cuda-graph", "--dtype", "float32", "--max-total-tokens", "4096",
@@ -94,11 +85,11 @@ def server(tiny_pair, tmp_path_factory):
         )  # fmt: skip
     srv = Server(proc, f"http://127.0.0.1:{port}", log_path)
     try:
-        _wait_healthy(srv, timeout=600.0)
+        wait_healthy(srv, timeout=600.0)
         yield srv
     finally:
         if proc.poll() is None:
-            _stop(proc)
+            stop(proc)
 
 
 class Stream:
@@ -304,7 +295,7 @@ def test_shutdown_leaves_no_process(server):
     server.proc.send_signal(signal.SIGTERM)
     server.proc.wait(timeout=TIMEOUT)
     deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and any(map(_alive, pids)):
+    while time.monotonic() < deadline and any(map(alive, pids)):
         time.sleep(0.5)
-    left = [p for p in pids if _alive(p)]
+    left = [p for p in pids if alive(p)]
     assert left == [], f"processes left after shutdown: {left}"

@@ -10,9 +10,7 @@ kills the server, and the logged pool balance can be read back.
 from __future__ import annotations
 
 import os
-import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,69 +20,16 @@ import psutil
 import pytest
 import requests
 
+from http_server import MEM_LINE, Server, alive, free_port, stop, wait_healthy
+
 pytestmark = pytest.mark.sglang
-
-MEM_LINE = re.compile(
-    r"\[Mem Check \(BUSY\)\] \[full\] total=(\d+), available=(\d+), evictable=(\d+), protected=(\d+), "
-    r"session_held=(\d+), uncached=(\d+)"
-)
-
-
-class Server:
-    def __init__(self, proc: subprocess.Popen, url: str, log_path):
-        self.proc, self.url, self.log_path = proc, url, log_path
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def post(self, path: str, payload: dict) -> dict:
-        reply = requests.post(self.url + path, json=payload, timeout=120)
-        assert reply.status_code == 200, reply.text[:2000]
-        return reply.json()
-
-
-def _wait_healthy(server: Server, timeout: float = 180.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if server.proc.poll() is not None:
-            pytest.fail(f"server exited with {server.proc.returncode}:\n{server.log()[-4000:]}")
-        try:
-            if requests.get(server.url + "/health", timeout=2).status_code == 200:
-                return
-        except requests.ConnectionError:
-            pass
-        time.sleep(1.0)
-    pytest.fail(f"server not healthy after {timeout}s:\n{server.log()[-4000:]}")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _alive(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    """Kill what is left of the process tree (cleanup only)."""
-    for p in [*psutil.Process(proc.pid).children(recursive=True), psutil.Process(proc.pid)]:
-        try:
-            p.kill()
-        except psutil.NoSuchProcess:
-            pass
-
 
 @pytest.fixture(scope="module")
 def server(tiny_pair, tmp_path_factory, target_only_outputs):
     # target_only_outputs first: an in-process Engine's shutdown kills every child process
     # of this test process (SGLang's kill_process_tree), this server included.
     target, draft = tiny_pair
-    port = _free_port()
+    port = free_port()
     args = [
         "--model-path", str(target), "--device", "cpu", "--attention-backend", "torch_native",
         "--disable-cuda-graph", "--dtype", "float32", "--max-total-tokens", "4096",
@@ -103,11 +48,11 @@ def server(tiny_pair, tmp_path_factory, target_only_outputs):
         )
     srv = Server(proc, f"http://127.0.0.1:{port}", log_path)
     try:
-        _wait_healthy(srv)
+        wait_healthy(srv)
         yield srv
     finally:
         if proc.poll() is None:
-            _stop(proc)
+            stop(proc)
 
 
 def test_launcher_enabled_the_cpu_runtime_and_loaded_the_plugin(server):
@@ -160,7 +105,7 @@ def test_shutdown_leaves_no_process(server):
     server.proc.send_signal(signal.SIGTERM)
     server.proc.wait(timeout=60)
     deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and any(map(_alive, pids)):
+    while time.monotonic() < deadline and any(map(alive, pids)):
         time.sleep(0.5)
-    left = [p for p in pids if _alive(p)]
+    left = [p for p in pids if alive(p)]
     assert left == [], f"processes left after shutdown: {left}"
