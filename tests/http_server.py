@@ -4,6 +4,7 @@ helpers around it (port, health wait, process-tree cleanup, SGLang's memory-chec
 from __future__ import annotations
 
 import re
+import signal
 import socket
 import subprocess
 import time
@@ -65,3 +66,27 @@ def stop(proc: subprocess.Popen) -> None:
             p.kill()
         except psutil.NoSuchProcess:
             pass
+
+
+def assert_memory_balanced(log: str, min_checks: int) -> None:
+    """SGLang's busy memory check ran at least `min_checks` times, found no leak, and after the
+    last request every KV slot is free or held by the radix cache."""
+    assert "leak" not in log.lower()
+    balances = [tuple(map(int, m)) for m in MEM_LINE.findall(log)]
+    assert len(balances) >= min_checks
+    total, available, evictable, protected, session_held, uncached = balances[-1]
+    assert (protected, session_held, uncached) == (0, 0, 0)
+    assert available + evictable == total
+
+
+def assert_shutdown_leaves_no_process(server: Server, timeout: float) -> None:
+    """SIGTERM to the launcher ends it and every process it started (scheduler, detokenizer)."""
+    pids = [p.pid for p in psutil.Process(server.proc.pid).children(recursive=True)] + [server.proc.pid]
+    assert len(pids) >= 3  # launcher, scheduler, detokenizer
+    server.proc.send_signal(signal.SIGTERM)
+    server.proc.wait(timeout=timeout)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and any(map(alive, pids)):
+        time.sleep(0.5)
+    left = [p for p in pids if alive(p)]
+    assert left == [], f"processes left after shutdown: {left}"

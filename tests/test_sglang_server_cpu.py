@@ -10,17 +10,22 @@ kills the server, and the logged pool balance can be read back.
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-import psutil
 import pytest
 import requests
 
-from http_server import MEM_LINE, Server, alive, free_port, stop, wait_healthy
+from http_server import (
+    Server,
+    assert_memory_balanced,
+    assert_shutdown_leaves_no_process,
+    free_port,
+    stop,
+    wait_healthy,
+)
 
 pytestmark = pytest.mark.sglang
 
@@ -89,23 +94,8 @@ def test_memory_check_clean_after_many_requests(server):
     time.sleep(2.0)  # idle: the strict idle self-check runs every scheduler loop
     assert server.proc.poll() is None
     assert requests.get(server.url + "/health", timeout=10).status_code == 200
-    log = server.log()
-    assert "leak" not in log.lower()
-    balances = [tuple(map(int, m)) for m in MEM_LINE.findall(log)]
-    assert len(balances) >= 32  # the check ran on every busy iteration
-    total, available, evictable, protected, session_held, uncached = balances[-1]
-    # after the last request finished: every slot is free or held by the radix cache
-    assert (protected, session_held, uncached) == (0, 0, 0)
-    assert available + evictable == total
+    assert_memory_balanced(server.log(), min_checks=32)  # the busy check ran on every iteration
 
 
 def test_shutdown_leaves_no_process(server):
-    pids = [p.pid for p in psutil.Process(server.proc.pid).children(recursive=True)] + [server.proc.pid]
-    assert len(pids) >= 3  # launcher, scheduler, detokenizer
-    server.proc.send_signal(signal.SIGTERM)
-    server.proc.wait(timeout=60)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and any(map(alive, pids)):
-        time.sleep(0.5)
-    left = [p for p in pids if alive(p)]
-    assert left == [], f"processes left after shutdown: {left}"
+    assert_shutdown_leaves_no_process(server, timeout=60)
