@@ -6,8 +6,11 @@ step is one forward, a speculative round one verify forward, plus one prefill fo
 request), wall time, throughput relative to target-only, and how many outputs equal the
 target-only output token for token.
 
-Run:  python benchmarks/throughput.py --target T --draft D [--steps 8] [--max-new-tokens 64]
+Run:  python benchmarks/throughput.py --target T --draft D [--steps 8] [--max-new-tokens 64] [--chat]
       python benchmarks/throughput.py --tiny        (a tiny random pair built in a temp dir)
+--chat sends each prompt as a one-turn chat (the target's chat template), as a chat
+deployment does; raw prompts handicap STANDALONE, whose draft never sees a prompt's first
+token (benchmarks/README.md).
 On a machine without CUDA the CPU runtime is enabled and engines run on the CPU.
 """
 
@@ -40,6 +43,15 @@ def modes(draft: str, steps: int, threshold: float) -> dict[str, dict]:
         "STANDALONE": dict(
             spec, speculative_algorithm="STANDALONE", speculative_eagle_topk=1, speculative_num_draft_tokens=steps + 1
         ),
+        # SGLang's radix tree keys STANDALONE's shifted draft KV wrongly for prompts sharing a
+        # prefix (benchmarks/README.md); without the radix cache its draft reads its own KV.
+        "STANDALONE radix off": dict(
+            spec,
+            speculative_algorithm="STANDALONE",
+            speculative_eagle_topk=1,
+            speculative_num_draft_tokens=steps + 1,
+            disable_radix_cache=True,
+        ),
         "PARSE lossless": dict(spec, speculative_algorithm="PARSE", parse_config={"judge": False}),
         f"PARSE judge tau={threshold}": dict(
             spec, speculative_algorithm="PARSE", parse_config={"threshold": threshold}
@@ -47,15 +59,15 @@ def modes(draft: str, steps: int, threshold: float) -> dict[str, dict]:
     }
 
 
-def run_mode(target: str, settings: dict, prompts: list[str], max_new_tokens: int, common: dict) -> dict:
+def run_mode(target: str, settings: dict, prompts: list[list[int]], max_new_tokens: int, common: dict) -> dict:
     import sglang
 
     engine = sglang.Engine(model_path=target, **common, **settings)
     try:
         params = {"temperature": 0.0, "max_new_tokens": max_new_tokens}
-        engine.generate(prompts[:1], {"temperature": 0.0, "max_new_tokens": 4})  # warm-up
+        engine.generate(input_ids=prompts[:1], sampling_params={"temperature": 0.0, "max_new_tokens": 4})  # warm-up
         start = time.perf_counter()
-        outputs = engine.generate(prompts, params)
+        outputs = engine.generate(input_ids=prompts, sampling_params=params)
         seconds = time.perf_counter() - start
     finally:
         engine.shutdown()
@@ -74,6 +86,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=8, help="draft tokens per round (L) for STANDALONE and PARSE")
     parser.add_argument("--threshold", type=float, default=0.5)
     parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--chat", action="store_true", help="prompts as one-turn chats (the target's chat template)")
     parser.add_argument("--json", help="also write the rows to this file")
     args = parser.parse_args()
     if args.tiny:
@@ -83,12 +96,21 @@ def main() -> None:
     common = dict(engine_settings(), max_running_requests=len(PROMPTS), log_level="error", decode_log_interval=1)
     if common.get("device") == "cpu":
         common.update(mem_fraction_static=0.5, max_total_tokens=8192)
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(args.target)
+    if args.chat:
+        from parse_sglang.demo import chat_prompt_ids
+
+        prompts = chat_prompt_ids(tokenizer, PROMPTS)
+    else:
+        prompts = [tokenizer(p).input_ids for p in PROMPTS]
     results = {
-        name: run_mode(args.target, settings, PROMPTS, args.max_new_tokens, common)
+        name: run_mode(args.target, settings, prompts, args.max_new_tokens, common)
         for name, settings in modes(args.draft, args.steps, args.threshold).items()
     }
     base = results["target-only"]
-    print(f"target={args.target} draft={args.draft} L={args.steps} prompts={len(PROMPTS)} "
+    print(f"target={args.target} draft={args.draft} L={args.steps} prompts={len(PROMPTS)} chat={args.chat} "
           f"max_new_tokens={args.max_new_tokens} settings={json.dumps(common)}")
     print("| mode | output tokens | target forwards | tokens / target forward | judged tokens | wall s | throughput vs target-only | outputs == target-only |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
