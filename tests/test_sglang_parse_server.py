@@ -25,15 +25,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import requests
 import torch
-from http_server import (
-    MEM_LINE,
-    Server,
-    assert_memory_balanced,
-    assert_shutdown_leaves_no_process,
-    free_port,
-    stop,
-    wait_healthy,
-)
+from http_server import MEM_LINE, Server, free_port, stop, wait_healthy
+from http_server import assert_memory_balanced, assert_shutdown_leaves_no_process
 
 pytestmark = pytest.mark.sglang
 

@@ -18,14 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import requests
 
-from http_server import (
-    Server,
-    assert_memory_balanced,
-    assert_shutdown_leaves_no_process,
-    free_port,
-    stop,
-    wait_healthy,
-)
+from http_server import Server, assert_memory_balanced, assert_shutdown_leaves_no_process, free_port, stop, wait_healthy
 
 pytestmark = pytest.mark.sglang
 
