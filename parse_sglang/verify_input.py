@@ -22,7 +22,7 @@ from sglang.srt.mem_cache.kv_loc_plan import IdSpaceKind, KVLocPlan
 from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
 from sglang.srt.speculative.spec_info import SpecInput, SpecInputType
 
-from parse_sglang.attention.layout import VerifyLayout
+from parse_sglang.attention.layout import VerifyLayout, indptr_of
 
 
 class ParseVerifyInput(SpecInput):
@@ -77,8 +77,7 @@ class ParseVerifyInput(SpecInput):
         bs = req_pool_indices.numel()
         window = self.draft_token_num
         kv_lens = paged_kernel_lens + window
-        kv_indptr = torch.zeros(bs + 1, dtype=torch.int32, device=self.device)
-        kv_indptr[1:] = torch.cumsum(kv_lens, dim=0)
+        kv_indptr = indptr_of(kv_lens, torch.int32)
         qo_indptr = torch.arange(bs + 1, dtype=torch.int32, device=self.device) * window
         kv_indices = torch.empty(paged_kernel_lens_sum + window * bs, dtype=torch.int32, device=self.device)
         translator.pack_read_stream(

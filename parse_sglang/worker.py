@@ -195,16 +195,17 @@ class ParseWorker(BaseSpecWorker):
         never read.
         """
         length = drafts.shape[1]
-        draft_rows = drafts.tolist()
+        drafts_host = drafts.cpu()  # one device-to-host copy per round
+        draft_rows = drafts_host.tolist()
+        sampled = [_sampled_on_cpu(req) for req in batch.reqs]
         judged = [
             self.probe is not None and cfg.judge and req.grammar is None and _target_phase(req) is None
-            and not _sampled_on_cpu(req)
-            for req, cfg in zip(batch.reqs, configs)
+            and not cpu_sampled
+            for req, cfg, cpu_sampled in zip(batch.reqs, configs, sampled)
         ]
-        sampled = [_sampled_on_cpu(req) for req in batch.reqs]
         draft_lens = [
             0 if cpu_sampled else _cut_at_stop(req, row[:n])
-            for req, row, n, cpu_sampled in zip(batch.reqs, drafts.cpu(), budgets, sampled)
+            for req, row, n, cpu_sampled in zip(batch.reqs, drafts_host, budgets, sampled)
         ]
         bounds = [
             draft_boundaries(self.tokenizer, row[:n], cfg.probe_stride, cfg.delimiters) if judge else []
@@ -328,11 +329,7 @@ class ParseWorker(BaseSpecWorker):
     def _prefill(self, batch: ScheduleBatch) -> GenerationBatchResult:
         """Target prefill (samples the first token), then the draft over the same slots."""
         result = self.target_worker.forward_batch_generation(batch)
-        forward_batch = ForwardBatch.init_new(
-            batch, self.draft_runner, capture_hidden_mode=CaptureHiddenMode.NULL, return_hidden_states_before_norm=False
-        )
-        forward_batch.return_logprob = False
-        self.draft_runner.forward(forward_batch)
+        self._forward_draft(batch)
         result.new_seq_lens = batch.seq_lens
         result.next_draft_input = None
         return result
