@@ -45,6 +45,8 @@ from pathlib import Path
 
 import torch
 
+from parse_sglang.demo import chat_prompt_ids
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 EVAL_PROMPTS = [
@@ -78,17 +80,11 @@ class Candidate:
     dtype: torch.dtype = torch.float32
 
 
-def chat_ids(tokenizer, prompt: str) -> list[int]:
-    messages = [{"role": "user", "content": prompt}]
-    return list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False))
-
-
 @torch.no_grad()
 def greedy_trajectories(model, tokenizer, prompts, max_new_tokens):
     """(prompt ids, target greedy output ids) per prompt, stopping at EOS."""
     out = []
-    for prompt in prompts:
-        ids = chat_ids(tokenizer, prompt)
+    for ids in chat_prompt_ids(tokenizer, prompts):
         gen = model.generate(torch.tensor([ids]), max_new_tokens=max_new_tokens, do_sample=False)
         out.append((ids, gen[0, len(ids):].tolist()))
     return out

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from parse_sglang.config import ParseConfig
 from parse_sglang.cpu import engine_settings
+from parse_sglang.demo import parse_engine_kwargs
 
 TIMER_DIR = Path(__file__).resolve().parent / "round_timer"
 STEP_NAMES = {
@@ -81,14 +82,7 @@ def main() -> None:
     timer_out = Path(tempfile.mkdtemp()) / "round_timer.json"
     os.environ["PARSE_ROUND_TIMER_OUT"] = str(timer_out)
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TIMER_DIR), os.environ.get("PYTHONPATH")]))
-    parse_kwargs = dict(
-        common,
-        speculative_algorithm="PARSE",
-        speculative_draft_model_path=args.draft,
-        speculative_num_steps=config.draft_budget,
-        parse_config={"probe_stride": config.probe_stride, "threshold": config.threshold, "judge": config.judge},
-    )
-    out, parse_s = timed_generate(parse_kwargs, args.prompt, sampling)
+    out, parse_s = timed_generate({**common, **parse_engine_kwargs(args.draft, config)}, args.prompt, sampling)
     timer = json.loads(timer_out.read_text())
 
     # The timer counts every round since start-up (warm-up included); the request's own

@@ -22,6 +22,7 @@ import tempfile
 import time
 
 from parse_sglang.cpu import engine_settings
+from parse_sglang.demo import chat_prompt_ids, target_forwards
 from parse_sglang.tiny_models import build_pair
 
 PROMPTS = [
@@ -38,20 +39,15 @@ PROMPTS = [
 
 def modes(draft: str, steps: int, threshold: float) -> dict[str, dict]:
     spec = dict(speculative_draft_model_path=draft, speculative_num_steps=steps)
+    standalone = dict(
+        spec, speculative_algorithm="STANDALONE", speculative_eagle_topk=1, speculative_num_draft_tokens=steps + 1
+    )
     return {
         "target-only": {},
-        "STANDALONE": dict(
-            spec, speculative_algorithm="STANDALONE", speculative_eagle_topk=1, speculative_num_draft_tokens=steps + 1
-        ),
+        "STANDALONE": standalone,
         # SGLang's radix tree keys STANDALONE's shifted draft KV wrongly for prompts sharing a
         # prefix (benchmarks/README.md); without the radix cache its draft reads its own KV.
-        "STANDALONE radix off": dict(
-            spec,
-            speculative_algorithm="STANDALONE",
-            speculative_eagle_topk=1,
-            speculative_num_draft_tokens=steps + 1,
-            disable_radix_cache=True,
-        ),
+        "STANDALONE radix off": dict(standalone, disable_radix_cache=True),
         "PARSE lossless": dict(spec, speculative_algorithm="PARSE", parse_config={"judge": False}),
         f"PARSE judge tau={threshold}": dict(
             spec, speculative_algorithm="PARSE", parse_config={"threshold": threshold}
@@ -72,8 +68,7 @@ def run_mode(target: str, settings: dict, prompts: list[list[int]], max_new_toke
     finally:
         engine.shutdown()
     tokens = sum(o["meta_info"]["completion_tokens"] for o in outputs)
-    forwards = sum(o["meta_info"].get("spec_verify_ct") or o["meta_info"]["completion_tokens"] - 1 for o in outputs)
-    forwards += len(outputs)  # the prefill forward that samples each first token
+    forwards = sum(target_forwards(o["meta_info"]) for o in outputs)  # prefill + decode steps / verify passes
     judged = sum((o["meta_info"].get("parse") or {}).get("accepted_judged", 0) for o in outputs)
     return dict(seconds=seconds, tokens=tokens, forwards=forwards, judged=judged, ids=[o["output_ids"] for o in outputs])
 
@@ -100,8 +95,6 @@ def main() -> None:
 
     tokenizer = AutoTokenizer.from_pretrained(args.target)
     if args.chat:
-        from parse_sglang.demo import chat_prompt_ids
-
         prompts = chat_prompt_ids(tokenizer, PROMPTS)
     else:
         prompts = [tokenizer(p).input_ids for p in PROMPTS]

@@ -37,7 +37,7 @@ DEFAULT_PROBE_STRIDE = 4
 
 def engine_kwargs(model_path, cuda: bool) -> dict:
     """`sglang.Engine` settings for the target: on CUDA SGLang's defaults in bf16 (the converted
-    SmolLM2 is stored fp32, which GPU attention kernels do not take); on CPU the runtime of
+    SmolLM2 is stored fp32, which SGLang's dtype "auto" would run in fp16); on CPU the runtime of
     DESIGN.md §3 (parse_sglang.cpu.engine_settings()) with a KV pool sized for a demo."""
     kwargs = dict(model_path=str(model_path), log_level="error")
     if cuda:
@@ -69,6 +69,14 @@ def chat_prompt_ids(tokenizer, questions: Sequence[str]) -> list[list[int]]:
     ]
 
 
+def target_forwards(meta: dict) -> int:
+    """Target forwards behind one response: the prefill (which yields the first token) plus one
+    per decode step or speculative verify pass (SGLang reports spec_verify_ct only when > 0)."""
+    if "spec_verify_ct" in meta:
+        return 1 + meta["spec_verify_ct"]
+    return max(meta["completion_tokens"], 1)
+
+
 @dataclass
 class EngineRun:
     """What one engine produced: outputs per prompt, start-up and generation wall time."""
@@ -84,12 +92,7 @@ class EngineRun:
 
     @property
     def target_forwards(self) -> int:
-        """Prefill (which yields the first token) plus one per decode step or PARSE verify pass."""
-        forwards = 0
-        for out in self.outputs:
-            meta = out["meta_info"]
-            forwards += 1 + meta["spec_verify_ct"] if "spec_verify_ct" in meta else meta["completion_tokens"]
-        return forwards
+        return sum(target_forwards(out["meta_info"]) for out in self.outputs)
 
 
 def run_engine(name: str, kwargs: dict, prompt_ids: list[list[int]], sampling: dict) -> EngineRun:
@@ -112,8 +115,8 @@ def run_engine(name: str, kwargs: dict, prompt_ids: list[list[int]], sampling: d
 
 def parse_counters(meta: dict) -> str:
     """One line from a response's meta_info: SGLang's speculative counters and `meta_info["parse"]`."""
-    tokens, verifies = meta["completion_tokens"], meta.get("spec_verify_ct", 0)
-    line = f"{tokens} tokens in {1 + verifies} target forwards ({tokens / (1 + verifies):.2f} per forward)"
+    tokens, forwards = meta["completion_tokens"], target_forwards(meta)
+    line = f"{tokens} tokens in {forwards} target forwards ({tokens / forwards:.2f} per forward)"
     stats = meta.get("parse")
     if isinstance(stats, dict):
         line += "; " + ", ".join(f"{key} {value}" for key, value in stats.items() if isinstance(value, (int, float)))

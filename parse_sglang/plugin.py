@@ -6,10 +6,9 @@ installed here exists everywhere. It does not enable the CPU runtime (that is
 `parse_sglang.cpu.enable()`, or `python -m parse_sglang.launch_server`); the patches it
 installs only add capabilities, so stock behaviour is unchanged on GPU machines.
 
-To add an installer (e.g. PARSE's `SpeculativeAlgorithm.register(...)`), append its module
-to `INSTALLERS`: a module with `HOOKED_SIGNATURES` (dotted SGLang name -> the
-`inspect.signature` string it was written against) and `install() -> str` (idempotent,
-returns a line saying what it installed).
+Each module in `INSTALLERS` (to add one, append it) has `HOOKED_SIGNATURES` (dotted SGLang
+name -> the `inspect.signature` string it was written against) and `install() -> str`
+(idempotent, returns a line saying what it installed).
 """
 
 from __future__ import annotations

@@ -16,6 +16,7 @@ import dataclasses
 import pytest
 import torch
 
+from parse_sglang.cpu import CPU_ENGINE_SETTINGS
 from parse_sglang.tiny_models import build_pair
 
 # Prompts that every SGLang parity test uses; the later ones repeat themselves, which gives
@@ -34,10 +35,7 @@ def engine_kwargs(model_path, **overrides) -> dict:
     """`sglang.Engine` keyword arguments for a tiny fp32 model on CPU (DESIGN.md §3)."""
     kwargs = dict(
         model_path=str(model_path),
-        device="cpu",
-        attention_backend="torch_native",
-        disable_cuda_graph=True,
-        dtype="float32",
+        **CPU_ENGINE_SETTINGS,
         max_total_tokens=4096,
         # The fraction only sizes the KV pool, which max_total_tokens caps; a tiny value
         # fails SGLang's "weights leave no memory" check when the machine is busy.

@@ -1,17 +1,23 @@
 """A real SGLang HTTP server started as a subprocess by the HTTP-tier tests, and the
-helpers around it (port, health wait, process-tree cleanup, SGLang's memory-check log line)."""
+helpers around it (clean environment, port, health wait, process-tree cleanup, SGLang's
+memory-check log line)."""
 
 from __future__ import annotations
 
+import contextlib
+import json
+import os
 import re
 import signal
 import socket
 import subprocess
+import sys
 import time
 
 import psutil
 import pytest
 import requests
+from conftest import engine_kwargs
 
 MEM_LINE = re.compile(
     r"\[Mem Check \(BUSY\)\] \[full\] total=(\d+), available=(\d+), evictable=(\d+), protected=(\d+), "
@@ -40,10 +46,50 @@ def wait_healthy(server: Server, timeout: float = 180.0) -> None:
         try:
             if requests.get(server.url + "/health", timeout=2).status_code == 200:
                 return
-        except requests.ConnectionError:
-            pass
+        except (requests.ConnectionError, requests.Timeout):
+            pass  # not listening yet, or too busy starting up to answer
         time.sleep(1.0)
     pytest.fail(f"server not healthy after {timeout}s:\n{server.log()[-4000:]}")
+
+
+def clean_env(**extra: str) -> dict:
+    """This environment without the CPU runtime an in-process engine of this test session may
+    have enabled (so the launcher must enable it itself), plus `extra`."""
+    env = {k: v for k, v in os.environ.items() if k not in ("SGLANG_USE_CPU_ENGINE", "PYTHONPATH")}
+    env.update(extra)
+    return env
+
+
+def cli_args(kwargs: dict) -> list[str]:
+    """`sglang.Engine` keyword arguments as `launch_server` flags (True: a bare flag, a dict: JSON)."""
+    args = []
+    for key, value in kwargs.items():
+        flag = "--" + key.replace("_", "-")
+        args += [flag] if value is True else [flag, json.dumps(value) if isinstance(value, dict) else str(value)]
+    return args
+
+
+@contextlib.contextmanager
+def launched_server(model_path, log_dir, env: dict, timeout: float = 180.0, **overrides):
+    """`python -m parse_sglang.launch_server` on 127.0.0.1 and a free port with the tiny-model CPU
+    settings of `conftest.engine_kwargs(model_path, **overrides)` as flags (log level info: SGLang's
+    memory-check lines are read back), from `clean_env(**env)`; yields the healthy `Server`,
+    kills what is left of it on exit."""
+    port = free_port()
+    args = cli_args(engine_kwargs(model_path, host="127.0.0.1", port=port, log_level="info", **overrides))
+    log_path = log_dir / "server.log"
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "parse_sglang.launch_server", *args],
+            stdout=log, stderr=subprocess.STDOUT, env=clean_env(**env), start_new_session=True,
+        )  # fmt: skip
+    server = Server(proc, f"http://127.0.0.1:{port}", log_path)
+    try:
+        wait_healthy(server, timeout=timeout)
+        yield server
+    finally:
+        if proc.poll() is None:
+            stop(proc)
 
 
 def free_port() -> int:

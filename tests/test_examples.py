@@ -26,7 +26,7 @@ from pathlib import Path
 import psutil
 import pytest
 import requests
-from http_server import free_port
+from http_server import Server, clean_env, free_port, wait_healthy
 
 pytestmark = pytest.mark.sglang
 
@@ -41,13 +41,6 @@ OFFLINE_TIMEOUT = 400
 # A printed answer's PARSE counters: `... completion_tokens=N parse={json}`.
 STATS_LINE = re.compile(r"completion_tokens=(\d+) parse=(.*)$", re.M)
 STATS_KEYS = {"rounds", "draft_tokens", "accepted_exact", "accepted_judged", "verify_passes"}
-
-
-def clean_env() -> dict:
-    """This environment without the CPU runtime an in-process engine of this session may have enabled."""
-    env = {k: v for k, v in os.environ.items() if k not in ("SGLANG_USE_CPU_ENGINE", "PYTHONPATH")}
-    env["PYTHONUNBUFFERED"] = "1"
-    return env
 
 
 def group_members(pgid: int) -> list[psutil.Process]:
@@ -88,7 +81,7 @@ class Example:
     def start(cls, args: list[str], log_path: Path) -> "Example":
         with open(log_path, "w") as log:
             proc = subprocess.Popen(
-                [sys.executable, *args], cwd=REPO, env=clean_env(),
+                [sys.executable, *args], cwd=REPO, env=clean_env(PYTHONUNBUFFERED="1"),
                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
             )  # fmt: skip
         return cls(proc, log_path)
@@ -163,18 +156,7 @@ def server_url(tiny_pair, tmp_path_factory, offline_example):
     server = Example.start(args, tmp_path_factory.mktemp("example_server") / "server.log")
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + SERVER_START_TIMEOUT
-        while True:
-            if server.proc.poll() is not None:
-                pytest.fail(f"server exited with {server.proc.returncode}:\n{server.output()[-4000:]}")
-            if time.monotonic() > deadline:
-                pytest.fail(f"server not healthy after {SERVER_START_TIMEOUT} s:\n{server.output()[-4000:]}")
-            try:
-                if requests.get(url + "/health", timeout=5).status_code == 200:
-                    break
-            except (requests.ConnectionError, requests.Timeout):
-                pass  # not listening yet, or too busy starting up to answer
-            time.sleep(1.0)
+        wait_healthy(Server(server.proc, url, server.log_path), timeout=SERVER_START_TIMEOUT)
         yield url
     finally:
         server.stop(grace=60)

@@ -118,11 +118,8 @@ def test_reference_lossless_equals_target_greedy(hf, target_greedy):
 
 
 def sglang_greedy(prompt_ids, **engine_kwargs) -> list[list[int]]:
-    """Greedy output ids of a real `sglang.Engine` (CPU runtime where there is no CUDA)."""
-    import parse_sglang.cpu
-
-    if not torch.cuda.is_available():
-        parse_sglang.cpu.enable()
+    """Greedy output ids of a real `sglang.Engine` (`demo.engine_kwargs` has enabled the CPU
+    runtime where there is no CUDA)."""
     import sglang
 
     engine = sglang.Engine(**engine_kwargs)

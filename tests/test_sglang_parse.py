@@ -24,6 +24,7 @@ import torch
 
 from conftest import PROMPTS, engine_kwargs
 from parse_sglang.config import ParseConfig
+from parse_sglang.demo import parse_engine_kwargs
 from parse_sglang.scheduler_patches.request_stats import COUNTERS
 
 pytestmark = pytest.mark.sglang
@@ -38,8 +39,8 @@ BATCH_PROMPTS = PROMPTS + [
     "We add the numbers first, then we print the total value. " * 12 + "So",  # chunked prefill
 ]
 MAX_NEW = 32
-LOSSLESS_STEPS = 4
-JUDGED_STEPS, JUDGED_STRIDE = 6, 2
+LOSSLESS = ParseConfig(draft_budget=4, judge=False)
+JUDGED = ParseConfig(draft_budget=6, probe_stride=2, threshold=0.0)
 
 
 def greedy(params, **extra):
@@ -63,10 +64,7 @@ def target_greedy(hf_target):
 def lossless_engine(tiny_pair, engine_factory):
     with engine_factory(
         tiny_pair[0],
-        speculative_algorithm="PARSE",
-        speculative_draft_model_path=str(tiny_pair[1]),
-        speculative_num_steps=LOSSLESS_STEPS,
-        parse_config={"judge": False},
+        **parse_engine_kwargs(tiny_pair[1], LOSSLESS),
         decode_log_interval=1,  # SGLang folds accept-length totals into server info at each log
         max_running_requests=4,  # requests queue and join the running batch mid-flight
         chunked_prefill_size=64,  # the long prompt is prefilled (target and draft) in chunks
@@ -78,10 +76,7 @@ def lossless_engine(tiny_pair, engine_factory):
 def judged_engine(tiny_pair, engine_factory):
     with engine_factory(
         tiny_pair[0],
-        speculative_algorithm="PARSE",
-        speculative_draft_model_path=str(tiny_pair[1]),
-        speculative_num_steps=JUDGED_STEPS,
-        parse_config={"threshold": 0.0, "probe_stride": JUDGED_STRIDE},
+        **parse_engine_kwargs(tiny_pair[1], JUDGED),
         # JSON without free whitespace: else the random tiny target fills max_new_tokens with newlines
         constrained_json_disable_any_whitespace=True,
     ) as engine:
@@ -221,7 +216,7 @@ def test_judge_accepts_beyond_exact_match(judged_engine):
     judged = sum(out["meta_info"]["parse"]["accepted_judged"] for out in outs)
     verifies = sum(out["meta_info"]["spec_verify_ct"] for out in outs)
     # τ = 0 accepts every full draft: L + 1 tokens per verify, bar the final cut.
-    assert sum(MAX_NEW - 1 for _ in outs) / verifies > JUDGED_STEPS
+    assert (MAX_NEW - 1) * len(outs) / verifies > JUDGED.draft_budget
     assert judged > 0
 
 
@@ -250,7 +245,7 @@ def test_judged_rounds_equal_reference(judged_engine, tiny_pair, hf_target, afte
     tokenizer, target = hf_target
     draft = AutoModelForCausalLM.from_pretrained(tiny_pair[1], dtype=torch.float32).eval()
     settings = {"threshold": 0.3, "after_rejection": after_rejection}
-    config = ParseConfig(draft_budget=JUDGED_STEPS, probe_stride=JUDGED_STRIDE, **settings)
+    config = dataclasses.replace(JUDGED, **settings)
     reference = ParseGenerator(target, draft, tokenizer, config)
     prompts = BATCH_PROMPTS[:4]
     outs = judged_engine.generate(prompts, greedy({"custom_params": {"parse": settings}}))
@@ -367,7 +362,7 @@ def test_bad_request_settings_are_refused_by_name(judged_engine):
     for bad, named in (
         ({"threshold": 2}, "threshold=2"),
         ({"judge_question": "Ok?"}, "judge_question"),
-        ({"draft_budget": JUDGED_STEPS + 1}, f"draft_budget={JUDGED_STEPS + 1}"),
+        ({"draft_budget": JUDGED.draft_budget + 1}, f"draft_budget={JUDGED.draft_budget + 1}"),
         ({"probe_stride": 1}, "probe_stride=1"),
         ({"return_probe_scores": 1}, "return_probe_scores=1 is invalid: allowed is true or false"),
         ({"nope": 1}, r"unknown key\(s\) \['nope'\]: allowed are .*'return_probe_scores'"),
@@ -387,6 +382,16 @@ def test_bad_request_settings_are_refused_by_name(judged_engine):
         ({"parse_config": {"thresh": 0.5}}, r"unknown PARSE setting\(s\) \['thresh'\]"),
         ({"parse_config": {"draft_budget": 5}, "speculative_num_steps": 4}, "--speculative-num-steps=4 and"),
         ({"page_size": 16}, "--page-size=16: allowed is 1"),
+        ({"pp_size": 2}, "--pp-size=2: allowed is 1"),
+        ({"enable_lora": True}, r"--enable-lora=True: allowed is off"),
+        ({"speculative_eagle_topk": 2}, r"--speculative-eagle-topk=2: allowed is 1 \(a chain\)"),
+        ({"speculative_num_draft_tokens": 3}, r"--speculative-num-draft-tokens=3: allowed is --speculative-num-steps \+ 1"),
+        ({"speculative_accept_threshold_acc": 0.5}, "--speculative-accept-threshold-acc=0.5: allowed is 1.0"),
+        ({"skip_tokenizer_init": True}, r"--skip-tokenizer-init=True: allowed is off \(the judge reads text\)"),
+        ({"enable_return_hidden_states": True}, "--enable-return-hidden-states=True: allowed is off"),
+        ({"enable_hierarchical_cache": True}, "--enable-hierarchical-cache=True: allowed is off"),
+        ({"speculative_use_rejection_sampling": True}, "--speculative-use-rejection-sampling=True: allowed is off"),
+        ({"speculative_adaptive": True}, "--speculative-adaptive=True: allowed is off"),
         ({"speculative_accept_threshold_single": 0.5}, "judge threshold τ is --parse-config"),
     ],
 )

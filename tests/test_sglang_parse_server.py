@@ -13,10 +13,7 @@ them, then shut the server down.
 from __future__ import annotations
 
 import json
-import os
 import random
-import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -25,8 +22,10 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import requests
 import torch
-from http_server import MEM_LINE, Server, free_port, stop, wait_healthy
-from http_server import assert_memory_balanced, assert_shutdown_leaves_no_process
+from http_server import MEM_LINE, Server, assert_memory_balanced, assert_shutdown_leaves_no_process, launched_server
+
+from parse_sglang.config import ParseConfig
+from parse_sglang.demo import parse_engine_kwargs
 
 pytestmark = pytest.mark.sglang
 
@@ -34,11 +33,6 @@ DRAFT_STEPS = 4  # L; a round emits at most L + 1 tokens
 TIMEOUT = 300  # seconds for one HTTP call: lenient, other test runs share these 2 cores
 MAX_RUNNING = 32  # of the 64 concurrent requests, half wait and join the running batch later
 LONG_RUN = 1000  # max_new_tokens of a request that is aborted long before it could finish
-
-
-def parse_stats(meta: dict) -> dict:
-    """PARSE's per-request counters (rounds, draft_tokens, accepted_exact, accepted_judged, verify_passes)."""
-    return meta["parse"]
 
 
 def target_greedy(hf_target, prompt_ids: list[int], max_new: int) -> list[int]:
@@ -64,31 +58,15 @@ def greedy(max_new: int, **extra) -> dict:
 @pytest.fixture(scope="module")
 def server(tiny_pair, tmp_path_factory):
     target, draft = tiny_pair
-    port = free_port()
-    args = [
-        "--model-path", str(target), "--device", "cpu", "--attention-backend", "torch_native",
-        "--disable-cuda-graph", "--dtype", "float32", "--max-total-tokens", "4096",
-        "--mem-fraction-static", "0.5", "--max-running-requests", str(MAX_RUNNING),
-        "--host", "127.0.0.1", "--port", str(port), "--log-level", "info",
-        "--speculative-algorithm", "PARSE", "--speculative-draft-model-path", str(draft),
-        "--speculative-num-steps", str(DRAFT_STEPS), "--parse-config", json.dumps({"judge": False}),
-    ]  # fmt: skip
-    env = {k: v for k, v in os.environ.items() if k not in ("SGLANG_USE_CPU_ENGINE", "PYTHONPATH")}
-    env["SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_BUSY"] = "2"
-    env["SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE"] = "1"
-    log_path = tmp_path_factory.mktemp("parse_server") / "server.log"
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "parse_sglang.launch_server", *args],
-            stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
-        )  # fmt: skip
-    srv = Server(proc, f"http://127.0.0.1:{port}", log_path)
-    try:
-        wait_healthy(srv, timeout=600.0)
+    with launched_server(
+        target,
+        tmp_path_factory.mktemp("parse_server"),
+        env={"SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_BUSY": "2", "SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE": "1"},
+        timeout=600.0,
+        max_running_requests=MAX_RUNNING,
+        **parse_engine_kwargs(draft, ParseConfig(draft_budget=DRAFT_STEPS, judge=False)),
+    ) as srv:
         yield srv
-    finally:
-        if proc.poll() is None:
-            stop(proc)
 
 
 class Stream:
@@ -132,8 +110,8 @@ def test_radix_cache_holds_parse_committed_tokens(server, hf_target):
     a = server.post("/generate", {"input_ids": prompt, "sampling_params": greedy(48)})
     a_out = a["output_ids"]
     assert len(a_out) == 48
-    rounds = parse_stats(a["meta_info"])["rounds"]
-    assert 0 < rounds < 47 and parse_stats(a["meta_info"])["accepted_exact"] > 0  # multi-token rounds
+    rounds = a["meta_info"]["parse"]["rounds"]
+    assert 0 < rounds < 47 and a["meta_info"]["parse"]["accepted_exact"] > 0  # multi-token rounds
 
     b_input = prompt + a_out + tokenizer(" So the total value is").input_ids
     b = server.post("/generate", {"input_ids": b_input, "sampling_params": greedy(16)})
@@ -144,7 +122,7 @@ def test_radix_cache_holds_parse_committed_tokens(server, hf_target):
     fresh = server.post("/generate", {"input_ids": b_input, "sampling_params": greedy(16)})
     assert fresh["meta_info"]["cached_tokens"] == 0
     assert fresh["output_ids"] == b["output_ids"]
-    assert parse_stats(fresh["meta_info"]) == parse_stats(b["meta_info"])
+    assert fresh["meta_info"]["parse"] == b["meta_info"]["parse"]
 
 
 def test_abort_request_stops_only_that_request(server, hf_target):
@@ -218,7 +196,7 @@ def test_64_concurrent_requests_equal_target_greedy(server, hf_target):
         outs = list(pool.map(send, range(64)))
     tokens = rounds = 0
     for prompt, n, out in zip(prompts, max_new, outs):
-        meta, stats = out["meta_info"], parse_stats(out["meta_info"])
+        meta, stats = out["meta_info"], out["meta_info"]["parse"]
         assert out["output_ids"] == target_greedy(hf_target, tokenizer(prompt).input_ids, n), prompt
         assert meta["completion_tokens"] == n and meta["finish_reason"]["type"] == "length"
         assert 0 < stats["rounds"] == stats["verify_passes"] == meta["spec_verify_ct"]

@@ -9,48 +9,24 @@ kills the server, and the logged pool balance can be read back.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import requests
 
-from http_server import Server, assert_memory_balanced, assert_shutdown_leaves_no_process, free_port, stop, wait_healthy
+from http_server import assert_memory_balanced, assert_shutdown_leaves_no_process, launched_server
 
 pytestmark = pytest.mark.sglang
 
+
 @pytest.fixture(scope="module")
-def server(tiny_pair, tmp_path_factory, target_only_outputs):
+def server(tiny_pair, tmp_path_factory, target_only_outputs, standalone_settings):
     # target_only_outputs first: an in-process Engine's shutdown kills every child process
     # of this test process (SGLang's kill_process_tree), this server included.
-    target, draft = tiny_pair
-    port = free_port()
-    args = [
-        "--model-path", str(target), "--device", "cpu", "--attention-backend", "torch_native",
-        "--disable-cuda-graph", "--dtype", "float32", "--max-total-tokens", "4096",
-        "--mem-fraction-static", "0.5", "--max-running-requests", "16",
-        "--host", "127.0.0.1", "--port", str(port), "--log-level", "info",
-        "--speculative-algorithm", "STANDALONE", "--speculative-draft-model-path", str(draft),
-        "--speculative-eagle-topk", "1", "--speculative-num-steps", "3", "--speculative-num-draft-tokens", "4",
-    ]  # fmt: skip
-    env = {k: v for k, v in os.environ.items() if k not in ("SGLANG_USE_CPU_ENGINE", "PYTHONPATH")}
-    env["SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_BUSY"] = "2"
-    log_path = tmp_path_factory.mktemp("server") / "server.log"
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "parse_sglang.launch_server", *args],
-            stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
-        )
-    srv = Server(proc, f"http://127.0.0.1:{port}", log_path)
-    try:
-        wait_healthy(srv)
+    env = {"SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_BUSY": "2"}
+    with launched_server(tiny_pair[0], tmp_path_factory.mktemp("server"), env=env, **standalone_settings) as srv:
         yield srv
-    finally:
-        if proc.poll() is None:
-            stop(proc)
 
 
 def test_launcher_enabled_the_cpu_runtime_and_loaded_the_plugin(server):
@@ -83,7 +59,7 @@ def test_memory_check_clean_after_many_requests(server):
     params = {"max_new_tokens": 16, "temperature": 0}
     with ThreadPoolExecutor(max_workers=8) as pool:
         outs = list(pool.map(lambda p: server.post("/generate", {"text": p, "sampling_params": params}), prompts))
-    assert len(outs) >= 32 and all(len(o["output_ids"]) >= 1 for o in outs)
+    assert all(len(o["output_ids"]) >= 1 for o in outs)
     time.sleep(2.0)  # idle: the strict idle self-check runs every scheduler loop
     assert server.proc.poll() is None
     assert requests.get(server.url + "/health", timeout=10).status_code == 200

@@ -53,7 +53,7 @@ def rotate_input_ids_cpu(
     lens = extend_seq_lens.to(torch.int64)
     req, within = ragged_index((lens - 1).clamp(min=0))
     dst = starts[req] + within
-    input_ids[dst] = input_ids[dst + 1].clone()
+    input_ids[dst] = input_ids[dst + 1]  # advanced indexing: the right side is a copy
     nonempty = lens > 0
     last = select_index.to(torch.int64) if select_index is not None else starts + lens - 1
     input_ids[last[nonempty]] = topk_index.reshape(-1)[nonempty].to(input_ids.dtype)

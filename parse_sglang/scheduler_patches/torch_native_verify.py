@@ -7,8 +7,8 @@ SGLang's `TorchNativeAttnBackend`. Plain prefill and decode still run SGLang's c
 
 Why: stock `TorchNativeAttnBackend.forward_extend` reads `extend_prefix_lens` /
 `extend_seq_lens`, which a TARGET_VERIFY batch does not carry, and never looks at
-`spec_info.custom_mask`, so NGRAM / EAGLE / STANDALONE verification (and PARSE, later)
-crash on CPU. The subclass runs
+`spec_info.custom_mask`, so NGRAM / EAGLE / STANDALONE and PARSE verification crash
+on CPU. The subclass runs
 - TARGET_VERIFY: each request's `num_tokens_per_req` window rows over its committed KV plus
   the window, with the verify input's custom mask (SGLang's CPU QLEN_ONLY form, expanded,
   or the FULL form) or, without a mask, bottom-right causal;
