@@ -51,13 +51,10 @@ def hf(smollm2_dirs):
 
 @pytest.fixture(scope="module")
 def target_greedy(hf) -> list[list[int]]:
-    tokenizer, target, _, prompt_ids = hf
-    out = []
-    with torch.no_grad():
-        for ids in prompt_ids:
-            gen = target.generate(torch.tensor([ids]), max_new_tokens=MAX_NEW, do_sample=False)
-            out.append(gen[0, len(ids):].tolist())
-    return out
+    from conftest import hf_greedy
+
+    _, target, _, prompt_ids = hf
+    return [hf_greedy(target, ids, MAX_NEW) for ids in prompt_ids]
 
 
 def test_conversion_is_the_gguf_model(smollm2_dirs, hf, target_greedy):

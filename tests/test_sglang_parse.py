@@ -22,7 +22,7 @@ import re
 import pytest
 import torch
 
-from conftest import PROMPTS, engine_kwargs
+from conftest import PROMPTS, engine_kwargs, hf_greedy
 from parse_sglang.config import ParseConfig
 from parse_sglang.demo import parse_engine_kwargs
 from parse_sglang.scheduler_patches.request_stats import COUNTERS
@@ -51,13 +51,7 @@ def greedy(params, **extra):
 def target_greedy(hf_target):
     """prompt -> the target's greedy continuation (MAX_NEW tokens), from transformers."""
     tokenizer, model = hf_target
-    out = {}
-    for prompt in BATCH_PROMPTS:
-        ids = tokenizer(prompt, return_tensors="pt").input_ids
-        with torch.no_grad():
-            gen = model.generate(ids, max_new_tokens=MAX_NEW, do_sample=False)
-        out[prompt] = gen[0, ids.shape[1] :].tolist()
-    return out
+    return {prompt: hf_greedy(model, tokenizer(prompt).input_ids, MAX_NEW) for prompt in BATCH_PROMPTS}
 
 
 @pytest.fixture(scope="module")

@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import requests
-import torch
+from conftest import hf_greedy
 from http_server import MEM_LINE, Server, assert_memory_balanced, assert_shutdown_leaves_no_process, launched_server
 
 from parse_sglang.config import ParseConfig
@@ -36,19 +36,8 @@ LONG_RUN = 1000  # max_new_tokens of a request that is aborted long before it co
 
 
 def target_greedy(hf_target, prompt_ids: list[int], max_new: int) -> list[int]:
-    """The target's greedy continuation with EOS ignored (as SGLang's `ignore_eos`)."""
-    _, model = hf_target
-    tokens, threads = [], torch.get_num_threads()
-    torch.set_num_threads(1)  # a tiny model: on a busy machine a second thread only waits (6x slower)
-    try:
-        with torch.no_grad():
-            out = model(torch.tensor([prompt_ids]), use_cache=True)
-            for _ in range(max_new):
-                tokens.append(int(out.logits[0, -1].argmax()))
-                out = model(torch.tensor([tokens[-1:]]), past_key_values=out.past_key_values, use_cache=True)
-    finally:
-        torch.set_num_threads(threads)
-    return tokens
+    """The target's greedy continuation with EOS ignored (the requests here set `ignore_eos`)."""
+    return hf_greedy(hf_target[1], prompt_ids, max_new, ignore_eos=True)
 
 
 def greedy(max_new: int, **extra) -> dict:
