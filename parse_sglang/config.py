@@ -10,6 +10,7 @@ from parse_sglang.judge import DEFAULT_QUESTION
 
 DEFAULT_DELIMITERS = ("\n", ". ", "? ", "! ")
 AFTER_REJECTION_POLICIES = ("redraft", "target_to_delimiter")
+VERIFY_WINDOWS = ("auto", "fixed", "variable")
 
 
 @dataclass(frozen=True)
@@ -24,6 +25,10 @@ class ParseConfig:
     judge: off = lossless token-level speculative decoding (output == target greedy).
     after_rejection: "redraft" (draft again at once) or "target_to_delimiter" (the target
         decodes up to the next delimiter first, as SpecReason/HoVer do).
+    verify_window: "fixed" gives every round K_max probes (N_max rows, the width a captured
+        CUDA graph replays), "variable" the batch's own probe count (fewer rows, but an
+        eager verify on a GPU whenever it is below K_max), "auto" fixed exactly when the
+        target's decode CUDA graph is captured. Server-wide.
     """
 
     draft_budget: int = 32
@@ -33,6 +38,7 @@ class ParseConfig:
     judge_question: str = DEFAULT_QUESTION
     judge: bool = True
     after_rejection: str = "redraft"
+    verify_window: str = "auto"
 
     def __post_init__(self):
         _check_int("draft_budget", self.draft_budget, 1, 1024)
@@ -54,6 +60,8 @@ class ParseConfig:
             raise ValueError(
                 f"after_rejection={self.after_rejection!r} is invalid: allowed is one of {AFTER_REJECTION_POLICIES}"
             )
+        if self.verify_window not in VERIFY_WINDOWS:
+            raise ValueError(f"verify_window={self.verify_window!r} is invalid: allowed is one of {VERIFY_WINDOWS}")
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any], base: "ParseConfig | None" = None) -> "ParseConfig":

@@ -21,6 +21,7 @@ import functools
 import json
 from typing import Any, Mapping, Optional
 
+from parse_sglang.attention.window import WindowShape
 from parse_sglang.config import ParseConfig
 from parse_sglang.judge import JudgeProbe, build_judge_probe
 
@@ -150,7 +151,14 @@ def max_probes(config: ParseConfig) -> int:
     return (config.draft_budget - 1) // config.probe_stride + 1
 
 
+def fixed_window_shape(config: ParseConfig, suffix_len: int) -> WindowShape:
+    """The largest window a request may need in a round: L chain rows after c_n, K_max
+    probes of m rows (what a fixed window always has, and a CUDA graph captures)."""
+    probes = max_probes(config)
+    return WindowShape(config.draft_budget, probes, suffix_len if probes else 0)
+
+
 def verify_window_max(config: ParseConfig, suffix_len: int) -> int:
     """N_max = 1 + L + K_max * m: verify rows one request may need in a round."""
-    return 1 + config.draft_budget + max_probes(config) * suffix_len
+    return fixed_window_shape(config, suffix_len).rows
 

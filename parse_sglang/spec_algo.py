@@ -5,27 +5,36 @@ with `SpeculativeAlgorithm.register` and installs the SGLang hooks PARSE needs. 
 SGLang then calls, on the stand-in record of its resolution pipeline:
 - `validate_parse_server_args`: refuses what PARSE cannot run with, naming the setting;
 - `ParseSpecAlgo.handle_server_args`: declares the settings PARSE runs with (sync
-  scheduling, chain drafts, L+1 chain rows, no decode CUDA graphs);
+  scheduling, chain drafts, L+1 chain rows) and, with decode CUDA graphs on, logs and
+  bounds what the graphs reserve (graph_memory.py);
 - `ParseSpecAlgo.resolve_max_speculative_num_draft_tokens`: N_max = 1 + L + K_max*m, the
-  verify rows SGLang must over-allocate per request per decode round.
+  verify rows SGLang must over-allocate per request per decode round, and the width its
+  decode CUDA graph captures the verify pass at (`get_num_tokens_per_req_for_target_verify`).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 
 from sglang.srt.arg_groups.overrides import resolving_view
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 from sglang.srt.speculative.spec_registry import CustomSpecAlgo, get_spec
 
-from parse_sglang.scheduler_patches import cli_settings, logits_rows, request_settings, request_stats, server_info
-from parse_sglang.settings import judge_probe_for, server_parse_config, verify_window_max
+from parse_sglang.graph_memory import GraphReservations, check_fits
+from parse_sglang.scheduler_patches import (
+    cli_settings,
+    logits_rows,
+    request_settings,
+    request_stats,
+    server_info,
+    verify_graph,
+)
+from parse_sglang.settings import fixed_window_shape, judge_probe_for, server_parse_config
 
 logger = logging.getLogger(__name__)
 
 ALGORITHM = "PARSE"
-HOOK_MODULES = (logits_rows, cli_settings, request_settings, request_stats, server_info)
+HOOK_MODULES = (logits_rows, cli_settings, request_settings, request_stats, server_info, verify_graph)
 
 HOOKED_SIGNATURES = {
     "sglang.srt.speculative.spec_info.SpeculativeAlgorithm.register": (
@@ -142,23 +151,22 @@ class ParseSpecAlgo(CustomSpecAlgo):
         sa.speculative_num_draft_tokens = config.draft_budget + 1
         if sa.max_running_requests is None:  # as SGLang's builtin algorithms: eager buffers hold max_bs * N_max rows
             sa.max_running_requests = 48
-        graphs = sa.cuda_graph_config
-        if graphs is not None:  # PARSE has no graph-capturable verify input yet
-            sa.cuda_graph_config = dataclasses.replace(
-                graphs, decode=dataclasses.replace(graphs.decode, backend=Backend.DISABLED)
-            )
         if str(sa.device).startswith("cuda"):
-            sa.disable_flashinfer_autotune = True  # its dummy verify run has no PARSE input
+            # The draft runner's autotune warm-up would run a TARGET_VERIFY dummy, which
+            # SGLang allows only for DFlash drafts.
+            sa.disable_flashinfer_autotune = True
+        graphs = sa.cuda_graph_config
+        if graphs is not None and graphs.decode.backend != Backend.DISABLED:
+            _bound_graph_memory(sa, config, graphs.decode.max_bs)
 
     def resolve_max_speculative_num_draft_tokens(self, server_args) -> int:
-        cfg = resolving_view(server_args)
-        config = server_parse_config(server_args, cfg.speculative_num_steps)
-        suffix_len = 0
-        if config.judge:
-            tokenizer_path = cfg.tokenizer_path or cfg.model_path
-            probe = judge_probe_for(tokenizer_path, config.judge_question, bool(cfg.trust_remote_code))
-            suffix_len = len(probe.suffix_ids)
-        return verify_window_max(config, suffix_len)
+        return _window_shape(resolving_view(server_args), server_args).rows
+
+    def get_num_tokens_per_req_for_target_verify(self, num_draft_tokens: int, is_draft_worker: bool) -> int:
+        """The verify width SGLang's decode CUDA graph captures: N_max (a fixed window)."""
+        from sglang.srt.runtime_context import max_speculative_num_draft_tokens
+
+        return max(num_draft_tokens, max_speculative_num_draft_tokens() or 0)
 
     def create_future_map(self, device, req_to_token_pool, needs_cpu_seq_lens=True, needs_confidence_relay=False):
         from sglang.srt.managers.overlap_utils import FutureMap
@@ -173,6 +181,37 @@ class ParseSpecAlgo(CustomSpecAlgo):
 
     def get_platform_worker_cls(self):
         return None
+
+
+def _window_shape(cfg, server_args):
+    """The fixed window (K_max probes) of the server settings `cfg` (a resolving view)."""
+    config = server_parse_config(server_args, cfg.speculative_num_steps)
+    suffix_len = 0
+    if config.judge:
+        tokenizer_path = cfg.tokenizer_path or cfg.model_path
+        suffix_len = len(judge_probe_for(tokenizer_path, config.judge_question, bool(cfg.trust_remote_code)).suffix_ids)
+    return fixed_window_shape(config, suffix_len)
+
+
+def _bound_graph_memory(sa, config, graph_max_bs) -> None:
+    """Log what PARSE's CUDA graphs reserve and refuse a configuration that does not fit."""
+    from sglang.srt.utils.common import get_device_memory_capacity
+    from sglang.srt.utils.hf_transformers import get_config, get_context_length, get_hf_text_config
+
+    text_config = get_hf_text_config(get_config(sa.model_path, bool(sa.trust_remote_code), sa.revision))
+    shape = _window_shape(sa, sa)
+    reservations = GraphReservations(
+        max_bs=min(graph_max_bs or sa.max_running_requests, sa.max_running_requests),
+        window_rows=shape.rows,
+        read_rows=shape.read_rows,
+        draft_steps=config.draft_budget + 2,
+        context_len=sa.context_length or get_context_length(text_config),
+        vocab_size=text_config.vocab_size,
+    )
+    logger.info("PARSE CUDA-graph reservations: %s", reservations.describe())
+    device_mib = get_device_memory_capacity(sa.device)
+    if device_mib is not None and sa.mem_fraction_static is not None:
+        check_fits(reservations, device_mib, sa.mem_fraction_static)
 
 
 def parse_worker_class(server_args):

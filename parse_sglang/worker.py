@@ -11,8 +11,12 @@ Conventions this worker keeps with SGLang's scheduler (sync V2 schema, no overla
   2 * N_max slots per decode round), chain rows first, so the KV of the accepted prefix
   c_n, d_1..d_a is already in place and SGLang's `kv_committed_len += a + 1` commits it.
 - The draft has its own KV pool over the same slots, un-shifted: slot p holds the draft's
-  KV of token p. It runs L+1 plain DECODE steps per round (inputs c_n, d_1..d_L), so its
-  KV exists for every slot that can become committed and no draft re-extend is needed.
+  KV of token p. Its L+1 decode steps per round (inputs c_n, d_1..d_L) run as SGLang's
+  EAGLE topk=1 chain (`draft_chain.DraftChain`: one CUDA-graph replay on a GPU), so its KV
+  exists for every slot that can become committed and no draft re-extend is needed.
+- The verify window is built on the device (`window_plan`, `attention.window`); it has a
+  fixed shape (K_max probes, N_max rows) whenever the target's decode CUDA graph can replay
+  it (`verify_window` "auto"), else the batch's own probe count.
 - Output: `next_token_ids` is [bs * (L+1)], request i's emitted tokens d_1..d_a, t_a at
   i*(L+1) .. i*(L+1)+a; `accept_lens` = a + 1 (bonus included).
 - The exact part of acceptance is SGLang's own chain verification (`eagle_sample` on the
@@ -32,7 +36,6 @@ from typing import Optional
 import torch
 from sglang.srt.layers.logits_processor import LogitsProcessorOutput
 from sglang.srt.layers.logprob_processor import compute_spec_logprobs
-from sglang.srt.layers.moe.utils import draft_model_build_scope
 from sglang.srt.layers.sampler import top_k_top_p_min_p_sampling_from_probs_torch
 from sglang.srt.managers.schedule_batch import FINISH_ABORT, ScheduleBatch
 from sglang.srt.managers.tp_worker import TpModelWorker
@@ -45,23 +48,25 @@ from sglang.srt.speculative.eagle_utils import default_tree_mask_mode, eagle_sam
 from sglang.srt.speculative.spec_utils import GrammarTree, build_grammar_vocab_mask
 from sglang.srt.utils import is_cpu
 
-from parse_sglang.acceptance import accept_lengths, pad_ragged
-from parse_sglang.attention.layout import VerifyRequest, build_verify_layout
-from parse_sglang.boundaries import delimiter_ends, draft_boundaries
+from parse_sglang.acceptance import accept_lengths
 from parse_sglang.config import ParseConfig
+from parse_sglang.draft_chain import DraftChain
 from parse_sglang.judge import judge_scores
 from parse_sglang.scheduler_patches.request_stats import record_round
 from parse_sglang.scheduler_patches.server_info import ServerTotals
 from parse_sglang.settings import (
     RETURN_PROBE_SCORES,
     judge_probe_for,
+    max_probes,
     request_outputs,
     request_parse_config,
     server_parse_config,
     target_tokenizer,
     verify_window_max,
 )
-from parse_sglang.verify_input import ChainView, ParseVerifyInput
+from parse_sglang.target_phase import in_target_phase, target_phase_limits, update_target_phases
+from parse_sglang.verify_input import ChainView
+from parse_sglang.window_plan import RequestPolicy, Window, plan_window
 
 logger = logging.getLogger(__name__)
 
@@ -83,33 +88,13 @@ class Committed:
 
 
 @dataclass(frozen=True)
-class Window:
-    """The verify window of a round and what acceptance needs to read it."""
-
-    verify_input: ParseVerifyInput
-    chain_tokens: torch.Tensor  # [bs, L+1] c_n, d_1..d_L
-    draft_lens: torch.Tensor  # [bs] draft tokens that may be accepted (budget, stop token)
-    boundaries: torch.Tensor  # [bs, K] real probe boundaries b_k, padded with 0
-    probe_slots: torch.Tensor  # [bs, K] index of each real probe among the request's window probes
-    judged: torch.Tensor  # [bs] bool: the judge may extend this request's acceptance
-    sampled: torch.Tensor  # [bs] bool: sampled on CPU, served target-only (module docstring)
-    thresholds: torch.Tensor  # [bs] τ
-    num_probes: int  # K_b: probes per request in the window (real + padding)
-    configs: list  # [bs] ParseConfig
-
-    @property
-    def width(self) -> int:
-        return self.chain_tokens.shape[1]
-
-
-@dataclass(frozen=True)
 class Accepted:
     predict: torch.Tensor  # [bs * (L+1)] int32, emitted token at each chain node
     accept_index: torch.Tensor  # [bs, L+1] int32, flat chain rows of the emitted run, -1 padded
     accept_lens: torch.Tensor  # [bs] int32, a + 1
     exact: torch.Tensor  # [bs] draft tokens accepted by exact match
     judged: torch.Tensor  # [bs] draft tokens accepted only because the judge said yes
-    scores: Optional[torch.Tensor]  # [bs, K] judge score of each real probe (None: no probes)
+    scores: Optional[torch.Tensor]  # [bs, K'] judge score of each real probe (None: no probes)
 
 
 class ParseWorker(BaseSpecWorker):
@@ -125,6 +110,9 @@ class ParseWorker(BaseSpecWorker):
         tokenizer_path, trust = get_serving().tokenizer_path, get_model().trust_remote_code
         self.tokenizer = target_tokenizer(tokenizer_path, trust)
         self.probe = judge_probe_for(tokenizer_path, self.config.judge_question, trust) if self.config.judge else None
+        self.suffix_ids = (
+            torch.tensor(self.probe.suffix_ids, dtype=torch.int64, device=self.device) if self.probe else None
+        )
         self.window_max = verify_window_max(self.config, len(self.probe.suffix_ids) if self.probe else 0)
         reserved = spec.max_speculative_num_draft_tokens
         if reserved is not None and reserved < self.window_max:
@@ -135,24 +123,17 @@ class ParseWorker(BaseSpecWorker):
         if target_worker.model_runner.is_hybrid_swa:
             raise ValueError("PARSE does not support hybrid sliding-window targets: allowed are full-attention models")
         self.full_mask = default_tree_mask_mode().name == "FULL_MASK"
-        with draft_model_build_scope():
-            self._draft_worker = TpModelWorker(
-                server_args=server_args,
-                gpu_id=gpu_id,
-                nccl_port=nccl_port,
-                is_draft_worker=True,
-                context_length=target_worker.model_runner.model_config.context_len,
-            )
-        self._draft_worker.draft_runner = self._draft_worker.model_runner  # read by SGLang's metrics reporter
+        self._draft_worker = DraftChain(server_args, gpu_id, nccl_port, target_worker, self.config.draft_budget)
         self.totals = ServerTotals()  # get_server_info()'s "parse" entry
         logger.info(
-            "PARSE worker: L=%d, probe_stride=%d, judge=%s, threshold=%.3f, probe suffix m=%d, N_max=%d",
+            "PARSE worker: L=%d, probe_stride=%d, judge=%s, threshold=%.3f, probe suffix m=%d, N_max=%d, window=%s",
             self.config.draft_budget,
             self.config.probe_stride,
             self.config.judge,
             self.config.threshold,
             len(self.probe.suffix_ids) if self.probe else 0,
             self.window_max,
+            self.config.verify_window,
         )
 
     # ----- one PARSE round --------------------------------------------------------------
@@ -160,88 +141,41 @@ class ParseWorker(BaseSpecWorker):
     def _round(self, batch: ScheduleBatch) -> GenerationBatchResult:
         """One PARSE round for every request of a decode batch (DESIGN.md §1, steps 1-9)."""
         committed = Committed.of(batch, self.device)
-        configs = [self._request_config(req) for req in batch.reqs]
-        budgets = [_draft_budget(req, cfg) for req, cfg in zip(batch.reqs, configs)]
-        drafts = self._draft(batch, committed, max(budgets))  # 1. d_1..d_L
-        window = self._plan_window(batch, committed, drafts, configs, budgets)  # 2.-5. boundaries, probes, mask
+        policies = [self._policy(req) for req in batch.reqs]
+        drafts = self._draft(batch, committed)  # 1. d_1..d_L
+        window = self._plan_window(committed, drafts, policies)  # 2.-5. boundaries, probes, mask
         chain_logits, probe_logits, can_run_graph = self._verify(batch, committed, window)  # 6. ONE forward
         accepted = self._accept(batch, window, chain_logits, probe_logits)  # 7.-8. read, accept
         self._record_stats(batch.reqs, window, accepted)
         self._update_target_phases(batch.reqs, window, accepted)
         return self._result(batch, committed, window, accepted, chain_logits, can_run_graph)  # 9. SGLang commits
 
-    def _draft(self, batch: ScheduleBatch, committed: Committed, steps: int) -> torch.Tensor:
-        """[bs, L] greedy draft from c_n: steps+1 DECODE steps (the last only writes d_steps'
-        draft KV), padded to the server's L so that every round has L+1 chain rows."""
-        req_to_token = self.req_to_token_pool.req_to_token
-        batch.forward_mode = ForwardMode.DECODE
-        batch.spec_info = None
-        tokens, drafted = committed.last_tokens, []
-        for step in range(steps + 1):
-            self._set_lengths(batch, committed, extra=step + 1)
-            batch.input_ids = tokens
-            batch.out_cache_loc = req_to_token[committed.rows, committed.seq_lens + step].to(torch.int64)
-            logits = self._forward_draft(batch).next_token_logits
-            tokens = torch.argmax(logits, dim=-1).to(torch.int64)
-            drafted.append(tokens)
-        drafts = torch.stack(drafted[:steps], dim=1)
-        return torch.nn.functional.pad(drafts, (0, self.config.draft_budget - steps))
+    def _draft(self, batch: ScheduleBatch, committed: Committed) -> torch.Tensor:
+        """[bs, L] greedy draft d_1..d_L from c_n (`DraftChain`: L+1 draft decode steps)."""
+        self._set_lengths(batch, committed, extra=0)
+        chain = self._draft_worker.draft(batch, committed.last_tokens)
+        return chain[:, 1 : 1 + self.config.draft_budget]
 
-    def _plan_window(self, batch, committed: Committed, drafts: torch.Tensor, configs, budgets) -> Window:
-        """Boundaries per request, then one window of N = 1 + L + K_b*m rows for all of them.
-
-        Requests whose judge is off, and requests with fewer boundaries than K_b, get extra
-        probes at unused draft positions (SGLang needs one N per batch); their scores are
-        never read.
-        """
-        length = drafts.shape[1]
-        drafts_host = drafts.cpu()  # one device-to-host copy per round
-        draft_rows = drafts_host.tolist()
-        sampled = [_sampled_on_cpu(req) for req in batch.reqs]
-        judged = [
-            self.probe is not None and cfg.judge and req.grammar is None and _target_phase(req) is None
-            and not cpu_sampled
-            for req, cfg, cpu_sampled in zip(batch.reqs, configs, sampled)
-        ]
-        draft_lens = [
-            0 if cpu_sampled else _cut_at_stop(req, row[:n])
-            for req, row, n, cpu_sampled in zip(batch.reqs, drafts_host, budgets, sampled)
-        ]
-        bounds = [
-            draft_boundaries(self.tokenizer, row[:n], cfg.probe_stride, cfg.delimiters) if judge else []
-            for row, n, cfg, judge in zip(draft_rows, draft_lens, configs, judged)
-        ]
-        num_probes = max(map(len, bounds))
-        window_bounds = [_with_padding_probes(b, num_probes, length) for b in bounds]
-        suffix = self.probe.suffix_ids if self.probe else ()
-        prefixes, last_tokens = committed.seq_lens_cpu.tolist(), committed.last_tokens.tolist()
-        layout = build_verify_layout(
-            [
-                VerifyRequest(p, c, row, wb, suffix)
-                for p, c, row, wb in zip(prefixes, last_tokens, draft_rows, window_bounds)
-            ]
-        )
-        probe_slots = [[wb.index(b) for b in real] for real, wb in zip(bounds, window_bounds)]
-        window_len = int(layout.window_lens[0])
-        if window_len > self.window_max:
-            raise RuntimeError(f"PARSE verify window {window_len} exceeds the reserved {self.window_max} rows")
-        return Window(
-            verify_input=ParseVerifyInput(layout, self.full_mask, self.device),
-            chain_tokens=torch.cat([committed.last_tokens[:, None], drafts], dim=1),
-            draft_lens=torch.tensor(draft_lens, device=self.device),
-            boundaries=pad_ragged(bounds, 0, torch.int64).to(self.device),
-            probe_slots=pad_ragged(probe_slots, 0, torch.int64).to(self.device),
-            judged=torch.tensor(judged, device=self.device),
-            sampled=torch.tensor(sampled, device=self.device),
-            thresholds=torch.tensor([cfg.threshold for cfg in configs], device=self.device),
-            num_probes=num_probes,
-            configs=configs,
+    def _plan_window(self, committed: Committed, drafts: torch.Tensor, policies) -> Window:
+        """Boundaries per request, then one device-built window for all of them."""
+        return plan_window(
+            drafts=drafts,
+            drafts_host=drafts.cpu(),  # one device-to-host copy per round
+            last_tokens=committed.last_tokens,
+            prefix_lens=committed.seq_lens,
+            prefix_sum=int(committed.seq_lens_cpu.sum()),
+            policies=policies,
+            tokenizer=self.tokenizer,
+            suffix_ids=self.suffix_ids,
+            fixed_probes=max_probes(self.config) if self._fixed_window() else None,
+            full_mask_form=self.full_mask,
         )
 
     def _verify(self, batch: ScheduleBatch, committed: Committed, window: Window):
-        """The round's one target forward: TARGET_VERIFY over every request's window."""
+        """The round's one target forward: TARGET_VERIFY over every request's window;
+        returns chain logits [bs * (L+1), V] and probe logits [bs, K, V]."""
         verify_input = window.verify_input
-        rows = verify_input.draft_token_num
+        rows = window.shape.rows
         self._set_lengths(batch, committed, extra=0)
         batch.forward_mode = ForwardMode.TARGET_VERIFY
         batch.spec_info = verify_input
@@ -250,9 +184,9 @@ class ParseWorker(BaseSpecWorker):
         req_to_token = self.req_to_token_pool.req_to_token
         batch.out_cache_loc = req_to_token[committed.rows[:, None], slots].reshape(-1).to(torch.int64)
         out = self.target_worker.forward_batch_generation(batch, is_verify=True)
-        logits = out.logits_output.next_token_logits
-        chain_rows = window.chain_tokens.numel()
-        return logits[:chain_rows], logits[chain_rows:], out.can_run_cuda_graph
+        bs = len(batch.reqs)
+        chain, probes = window.shape.split_logits(out.logits_output.next_token_logits, bs)
+        return chain.reshape(bs * window.width, -1), probes, out.can_run_cuda_graph
 
     def _accept(self, batch: ScheduleBatch, window: Window, chain_logits, probe_logits) -> Accepted:
         """a = min(max(a_exact, a_judge), acceptable length); emitted: d_1..d_a, then t_a."""
@@ -278,8 +212,8 @@ class ParseWorker(BaseSpecWorker):
         exact = exact_lens.to(torch.int64) - 1
         drafts = window.chain_tokens[:, 1:]
         scores = None
-        if window.num_probes:
-            scores = judge_scores(probe_logits, self.probe).view(bs, window.num_probes).gather(1, window.probe_slots)
+        if window.shape.num_probes:
+            scores = judge_scores(probe_logits, self.probe).gather(1, window.probe_slots)
             # accept_lengths' exact part is switched off (draft_lens 0): eagle_sample gave it.
             judge_len = accept_lengths(
                 draft=drafts,
@@ -292,8 +226,10 @@ class ParseWorker(BaseSpecWorker):
             ).accepted
         else:
             judge_len = torch.zeros_like(exact)
-        limit = torch.minimum(window.draft_lens, self._target_phase_limits(batch.reqs, window, exact, predict))
-        accepted = torch.minimum(torch.maximum(exact, judge_len), limit)
+        phase_limits = target_phase_limits(
+            self.tokenizer, batch.reqs, window.configs, drafts, exact, predict.view(bs, width)
+        )
+        accepted = torch.minimum(torch.maximum(exact, judge_len), torch.minimum(window.draft_lens, phase_limits))
         steps = torch.arange(width, device=self.device)
         exact_bonus = predict.view(bs, width).gather(1, accepted[:, None]).squeeze(1).to(torch.int64)
         # The bonus is SGLang's unless the judge took the request past its exact match, or
@@ -329,23 +265,52 @@ class ParseWorker(BaseSpecWorker):
     def _prefill(self, batch: ScheduleBatch) -> GenerationBatchResult:
         """Target prefill (samples the first token), then the draft over the same slots."""
         result = self.target_worker.forward_batch_generation(batch)
-        self._forward_draft(batch)
-        result.new_seq_lens = batch.seq_lens
-        result.next_draft_input = None
-        return result
-
-    def _forward_draft(self, batch: ScheduleBatch) -> LogitsProcessorOutput:
         forward_batch = ForwardBatch.init_new(
             batch, self.draft_runner, capture_hidden_mode=CaptureHiddenMode.NULL, return_hidden_states_before_norm=False
         )
         forward_batch.return_logprob = False
-        return self.draft_runner.forward(forward_batch).logits_output
+        self.draft_runner.forward(forward_batch)
+        result.new_seq_lens = batch.seq_lens
+        result.next_draft_input = None
+        return result
+
+    def _fixed_window(self) -> bool:
+        """K_max probes every round: "fixed", or "auto" when the target's decode CUDA graph
+        replays the verify (its captured width is N_max)."""
+        mode = self.config.verify_window
+        return mode == "fixed" or (mode == "auto" and self.model_runner.decode_cuda_graph_runner is not None)
 
     @staticmethod
     def _set_lengths(batch: ScheduleBatch, committed: Committed, extra: int) -> None:
         batch.seq_lens = committed.seq_lens + extra
         batch.seq_lens_cpu = committed.seq_lens_cpu + extra
         batch.seq_lens_sum = int(batch.seq_lens_cpu.sum())
+
+    def _policy(self, req) -> RequestPolicy:
+        """What this round needs of a request (its ParseConfig resolved once per request)."""
+        config = self._request_config(req)
+        sampled = is_cpu() and req.sampling_params.top_k != 1  # SGLang marks greedy requests with top_k 1
+        params = req.sampling_params
+        stops = frozenset()
+        if not params.ignore_eos:
+            stops = set(params.stop_token_ids or ()) | set(req.eos_token_ids or ())
+            if req.tokenizer is not None and req.tokenizer.eos_token_id is not None:
+                stops.add(req.tokenizer.eos_token_id)
+            stops = frozenset(stops)
+        budget = config.draft_budget
+        if params.max_new_tokens is not None:  # one token of what is left is the round's bonus
+            budget = min(budget, max(params.max_new_tokens - len(req.output_ids) - 1, 1))
+        return RequestPolicy(
+            config=config,
+            budget=budget,
+            judged=self.probe is not None
+            and config.judge
+            and req.grammar is None
+            and in_target_phase(req) is None
+            and not sampled,
+            sampled=sampled,
+            stop_ids=stops,
+        )
 
     def _request_config(self, req) -> ParseConfig:
         """The request's ParseConfig (and `req.parse_outputs`, its output options), resolved
@@ -364,39 +329,17 @@ class ParseWorker(BaseSpecWorker):
             req.parse_config = config
         return config
 
-    def _target_phase_limits(self, reqs, window: Window, exact: torch.Tensor, predict: torch.Tensor) -> torch.Tensor:
-        """[bs] most draft tokens each request may accept this round: L, except during a
-        target phase (after_rejection="target_to_delimiter"), where the run of target
-        tokens d_1..d_exact, t_exact is cut right after the segment end (or the
-        probe_stride-th token) that ends the phase, as the reference's target decode stops."""
-        width = window.width
-        limits = torch.full_like(exact, width - 1)
-        phases = [(i, _target_phase(req)) for i, req in enumerate(reqs) if _target_phase(req) is not None]
-        if not phases:
-            return limits
-        exact_host, predict_host = exact.tolist(), predict.view(len(reqs), width).tolist()
-        drafts = window.chain_tokens[:, 1:].tolist()
-        for i, done in phases:
-            run = drafts[i][: exact_host[i]] + [predict_host[i][exact_host[i]]]
-            stop = target_phase_stop(self.tokenizer, done, run, window.configs[i])
-            if stop is not None:
-                limits[i] = stop - 1
-        return limits
-
     def _update_target_phases(self, reqs, window: Window, accepted: Accepted) -> None:
         """Enter a target phase after a judged rejection; leave it where its run was cut."""
-        emitted = accepted.predict.view(len(reqs), window.width).tolist()
-        for i, (req, config) in enumerate(zip(reqs, window.configs)):
-            if config.after_rejection != "target_to_delimiter":
-                continue
-            a = int(accepted.exact[i] + accepted.judged[i])
-            done = _target_phase(req)
-            if done is not None:
-                run = emitted[i][: a + 1]
-                stop = target_phase_stop(self.tokenizer, done, run, config)
-                req.parse_target_phase = None if stop is not None else done + run
-            elif bool(window.judged[i]) and a < int(window.draft_lens[i]):
-                req.parse_target_phase = []
+        update_target_phases(
+            self.tokenizer,
+            reqs,
+            window.configs,
+            judged=window.judged.tolist(),
+            draft_lens=window.draft_lens.tolist(),
+            accepted=(accepted.exact + accepted.judged).tolist(),
+            emitted=accepted.predict.view(len(reqs), window.width).tolist(),
+        )
 
     def _bonus_tokens(self, batch: ScheduleBatch, chain_logits: torch.Tensor, accepted: torch.Tensor) -> torch.Tensor:
         """t_a from chain row a (penalties, bias and grammar already applied by eagle_sample):
@@ -444,7 +387,7 @@ class ParseWorker(BaseSpecWorker):
 
     @property
     def draft_runner(self):
-        return self._draft_worker.model_runner
+        return self._draft_worker.draft_runner
 
     @property
     def model_runner(self):
@@ -457,63 +400,9 @@ class ParseWorker(BaseSpecWorker):
             )
         super().alloc_memory_pool(memory_pool_config, req_to_token_pool, token_to_kv_pool_allocator)
 
-    def init_cuda_graphs(self):
-        # Never decode graphs on the draft runner: they would capture TARGET_VERIFY.
-        self._draft_worker.init_cuda_graphs(capture_decode_cuda_graph=False)
-
-    def _draft_model_runners(self):
-        return (self.draft_runner,)
-
-    def weight_update_runners(self):
-        return [("draft", self.draft_runner)]
-
     @property
     def spec_v2_attn_backends(self) -> tuple:
         return (self.target_worker.model_runner.attn_backend, self.draft_runner.attn_backend)
-
-
-def _draft_budget(req, config: ParseConfig) -> int:
-    """Draft tokens worth writing for a request: its L, capped by the output it has left
-    (one token of which is the round's bonus), as the reference drafts."""
-    max_new = req.sampling_params.max_new_tokens
-    if max_new is None:
-        return config.draft_budget
-    return min(config.draft_budget, max(max_new - len(req.output_ids) - 1, 1))
-
-
-def _sampled_on_cpu(req) -> bool:
-    """A temperature > 0 request where SGLang's chain verification is greedy (CPU); SGLang
-    marks greedy requests with top_k 1."""
-    return is_cpu() and req.sampling_params.top_k != 1
-
-
-def _cut_at_stop(req, draft: torch.Tensor) -> int:
-    """Length of `draft` up to and including its first stop token (the acceptable length)."""
-    if req.sampling_params.ignore_eos:
-        return len(draft)
-    stops = set(req.sampling_params.stop_token_ids or ()) | set(req.eos_token_ids or ())
-    if req.tokenizer is not None and req.tokenizer.eos_token_id is not None:
-        stops.add(req.tokenizer.eos_token_id)
-    hits = torch.isin(draft, torch.tensor(sorted(stops), dtype=draft.dtype))
-    return int(hits.to(torch.int8).argmax()) + 1 if bool(hits.any()) else len(draft)
-
-
-def _target_phase(req) -> Optional[list]:
-    """Tokens a request has emitted in its current target phase; None outside one."""
-    return getattr(req, "parse_target_phase", None)
-
-
-def target_phase_stop(tokenizer, done: list, run: list, config: ParseConfig) -> Optional[int]:
-    """How many tokens of `run` a target phase keeps before it ends (None: it goes on).
-
-    The phase, after `done` tokens, ends after the first token that completes a segment
-    (`delimiter_ends` of the phase's text so far) or that is its probe_stride-th token.
-    """
-    texts = tokenizer.batch_decode([[tok] for tok in done + run])
-    for count in range(len(done) + 1, len(done) + len(run) + 1):
-        if count >= config.probe_stride or count in delimiter_ends(texts[:count], config.delimiters):
-            return count - len(done)
-    return None
 
 
 def _probe_round(window: Window, accepted: Accepted, i: int) -> dict:
@@ -526,10 +415,3 @@ def _probe_round(window: Window, accepted: Accepted, i: int) -> dict:
         "accepted": int(accepted.exact[i] + accepted.judged[i]),
         "probes": [[b, score] for b, score in zip(bounds, scores) if b > 0],
     }
-
-
-def _with_padding_probes(bounds: list[int], count: int, length: int) -> list[int]:
-    """`bounds` plus the smallest unused draft positions, sorted, `count` in all (≤ length)."""
-    taken = set(bounds)
-    extra = [b for b in range(1, length + 1) if b not in taken][: count - len(bounds)]
-    return sorted(bounds + extra)

@@ -76,6 +76,37 @@ def indptr_of(lengths: Tensor, dtype: torch.dtype = torch.int64) -> Tensor:
     return out
 
 
+def row_roles(row: Tensor, draft_len, suffix_len) -> tuple[Tensor, Tensor, Tensor]:
+    """(is_chain, k, i) of window rows: rows 0..L are the chain; row L+1+k*m+i is row i of
+    probe block k (k and i are meaningless on chain rows). draft_len / suffix_len are ints
+    or tensors broadcastable with `row`; a suffix length of 0 (no probes) is allowed."""
+    is_chain = row <= draft_len
+    offset = row - draft_len - 1
+    m = torch.clamp(torch.as_tensor(suffix_len, device=row.device), min=1)
+    k = torch.div(offset, m, rounding_mode="floor")
+    return is_chain, k, offset - k * m
+
+
+def row_reach(row: Tensor, is_chain: Tensor, draft_len, suffix_len, k: Tensor, boundary: Tensor) -> tuple[Tensor, Tensor]:
+    """(chain_hi, own_lo): the last chain row a row sees (a chain row: itself; a probe row of
+    boundary b_k: chain row b_k) and the first row of its own probe block it sees (a chain
+    row: none, so row + 1)."""
+    chain_hi = torch.where(is_chain, row, boundary)
+    own_lo = torch.where(is_chain, row + 1, draft_len + 1 + k * suffix_len)
+    return chain_hi, own_lo
+
+
+def row_offsets(row: Tensor, is_chain: Tensor, boundary: Tensor, i: Tensor) -> Tensor:
+    """Position of each row after the committed prefix: chain row j at P + j, probe row i of
+    boundary b_k at P + 1 + b_k + i (right after d_{b_k}, as if the suffix were appended there)."""
+    return torch.where(is_chain, row, 1 + boundary + i)
+
+
+def visible(col: Tensor, row: Tensor, chain_hi: Tensor, own_lo: Tensor) -> Tensor:
+    """Whether window row `row` sees window column `col` (the PARSE mask rule)."""
+    return (col <= chain_hi) | ((col >= own_lo) & (col <= row))
+
+
 def expand_qlen_only_mask(mask_qlen_only: Tensor, prefix_lens: Tensor, window_lens: Tensor) -> Tensor:
     """QLEN_ONLY (N x N per request) -> FULL (N x (P + N) per request, prefix columns all True)."""
     prefix_lens = torch.as_tensor(prefix_lens, dtype=torch.int64, device=mask_qlen_only.device)
@@ -172,17 +203,12 @@ def build_verify_layout(
     request, row = ragged_index(window)
     row_start = indptr_of(window)[:-1]
     L, m = draft[request], suffix[request]
-    is_chain = row <= L
+    is_chain, k, i = row_roles(row, L, m)
     is_probe = ~is_chain
-    probe_offset = row - L - 1
-    # m is 0 for requests without probes (chain rows only); clamp so the division is defined.
-    k = torch.div(probe_offset, m.clamp(min=1), rounding_mode="floor")  # probe block (probe rows only)
-    i = probe_offset - k * m  # row inside the block (probe rows only)
     b = torch.zeros_like(row)
     b[is_probe] = boundaries[probe_indptr[request[is_probe]] + k[is_probe]]
-    chain_hi = torch.where(is_chain, row, b)  # last chain row this row sees
-    own_lo = torch.where(is_chain, row + 1, L + 1 + k * m)  # first own-probe row it sees (none for chain)
-    positions = prefix[request] + torch.where(is_chain, row, 1 + b + i)
+    chain_hi, own_lo = row_reach(row, is_chain, L, m, k, b)
+    positions = prefix[request] + row_offsets(row, is_chain, b, i)
     input_ids = torch.empty_like(row)
     input_ids[is_chain] = chain_tokens
     input_ids[is_probe] = suffix_tokens[suffix_start[request[is_probe]] + i[is_probe]]
@@ -192,9 +218,7 @@ def build_verify_layout(
     cell_row = cell // window[cell_request]
     cell_col = cell % window[cell_request]
     cell_global_row = row_start[cell_request] + cell_row
-    mask_qlen_only = (cell_col <= chain_hi[cell_global_row]) | (
-        (cell_col >= own_lo[cell_global_row]) & (cell_col <= cell_row)
-    )
+    mask_qlen_only = visible(cell_col, cell_row, chain_hi[cell_global_row], own_lo[cell_global_row])
 
     chain_rows = torch.nonzero(is_chain).flatten()
     probe_rows = torch.nonzero(is_probe & (i == m - 1)).flatten()

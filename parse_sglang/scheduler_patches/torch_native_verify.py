@@ -27,8 +27,9 @@ from sglang.srt.layers.attention.attention_registry import ATTENTION_BACKENDS, r
 from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
 from sglang.srt.mem_cache.memory_pool import KVWriteLoc
 
-from parse_sglang.attention.layout import expand_qlen_only_mask, indptr_of, ragged_index
+from parse_sglang.attention.layout import indptr_of, ragged_index
 from parse_sglang.attention.paged import paged_prefill_attention
+from parse_sglang.attention.window import full_mask
 
 BACKEND_NAME = "torch_native"
 
@@ -96,7 +97,7 @@ def verify_metadata(forward_batch, req_to_token) -> PagedMetadata:
     qlen_only = bs * rows * rows
     full = int((rows * (prefix + rows)).sum())
     if mask.numel() == qlen_only:
-        mask = expand_qlen_only_mask(mask, prefix, window)
+        mask = full_mask(mask, rows, prefix, int(prefix.sum()))
     elif mask.numel() != full:
         raise ValueError(
             f"spec_info.custom_mask: has {mask.numel()} elements; with {bs} requests of "

@@ -1,0 +1,117 @@
+"""The verify window of a decode batch, built on the device from compact descriptors.
+
+In SGLang every request of a TARGET_VERIFY batch has the same number of rows, so a
+PARSE batch's window has one shape (`WindowShape`): N = 1 + L + K*m rows per request,
+the chain c_n, d_1..d_L then K probe blocks of the m-token judge suffix (the row rule is
+`layout.row_roles` / `row_reach` / `visible`, shared with the host-side reference layout).
+
+Per round the host contributes O(batch x window) numbers: the boundaries [bs, K] (placed
+from the draft's text). The committed lengths and the draft tokens are already on the
+device. Everything else is computed here with static-shape device ops and no host sync:
+input ids, positions, the QLEN_ONLY mask (N x N per request), the FULL mask FlashInfer and
+Triton read (N x (P + N) per request, the one object that grows with the context) and the
+logits rows PARSE reads. So nothing whose size grows with the context is built on the host
+or copied to the device, and a fixed shape (K = K_max) gives the same tensors shapes every
+round, which is what a CUDA graph needs.
+
+Logits rows are request-major: request b's chain rows, then the last row of each of its
+probes, at b*N + ...; SGLang's graph runner keeps the first raw_bs*N output rows of a
+padded batch, which then always hold every real request's rows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from parse_sglang.attention.layout import row_offsets, row_reach, row_roles, visible
+
+
+@dataclass(frozen=True)
+class WindowShape:
+    """draft_len L, num_probes K, suffix_len m of every request's window in a batch."""
+
+    draft_len: int
+    num_probes: int
+    suffix_len: int
+
+    def __post_init__(self):
+        if self.draft_len < 1 or self.num_probes < 0 or self.suffix_len < 0:
+            raise ValueError(f"{self}: needs draft_len >= 1, num_probes >= 0, suffix_len >= 0")
+        if self.num_probes and not self.suffix_len:
+            raise ValueError(f"{self}: probes need a judge suffix of >= 1 token")
+
+    @property
+    def rows(self) -> int:
+        """N: window rows per request."""
+        return 1 + self.draft_len + self.num_probes * self.suffix_len
+
+    @property
+    def chain_rows(self) -> int:
+        return 1 + self.draft_len
+
+    @property
+    def read_rows(self) -> int:
+        """Rows per request whose logits PARSE reads: the chain and each probe's last row."""
+        return self.chain_rows + self.num_probes
+
+    def logits_rows(self, batch_size: int, device) -> Tensor:
+        """[batch_size * read_rows] int64 window rows PARSE reads, request-major."""
+        probe_ends = self.chain_rows + torch.arange(self.num_probes, device=device) * self.suffix_len + self.suffix_len - 1
+        per_request = torch.cat([torch.arange(self.chain_rows, device=device), probe_ends])
+        starts = torch.arange(batch_size, device=device)[:, None] * self.rows
+        return (starts + per_request).reshape(-1)
+
+    def split_logits(self, logits: Tensor, batch_size: int) -> tuple[Tensor, Tensor]:
+        """Rows of `logits_rows` -> (chain logits [bs, L+1, V], probe logits [bs, K, V])."""
+        rows = logits[: batch_size * self.read_rows].view(batch_size, self.read_rows, -1)
+        return rows[:, : self.chain_rows], rows[:, self.chain_rows :]
+
+
+def window_inputs(
+    shape: WindowShape,
+    prefix_lens: Tensor,
+    chain_tokens: Tensor,
+    boundaries: Tensor,
+    suffix_ids: Tensor,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """(input_ids [bs*N], positions [bs*N], QLEN_ONLY mask [bs*N*N] bool) of a batch.
+
+    prefix_lens [bs]: committed tokens P; chain_tokens [bs, L+1]: c_n, d_1..d_L;
+    boundaries [bs, K]: b_k of each probe (1 <= b_k <= L); suffix_ids [m]. All on one device.
+    """
+    device = chain_tokens.device
+    bs, N = chain_tokens.shape[0], shape.rows
+    row = torch.arange(N, device=device)
+    is_chain, k, i = row_roles(row, shape.draft_len, shape.suffix_len)
+    if shape.num_probes:
+        b = boundaries.to(torch.int64).gather(1, k.clamp(0, shape.num_probes - 1).expand(bs, N))
+        suffix_tok = suffix_ids.to(torch.int64)[i.clamp(0, shape.suffix_len - 1)]
+    else:
+        b = torch.zeros(bs, N, dtype=torch.int64, device=device)
+        suffix_tok = torch.zeros(N, dtype=torch.int64, device=device)
+    b = torch.where(is_chain, 0, b)  # [bs, N]; chain rows take no boundary
+    chain_tok = chain_tokens.to(torch.int64)[:, row.clamp(max=shape.draft_len)]
+    input_ids = torch.where(is_chain, chain_tok, suffix_tok)
+    positions = prefix_lens.to(torch.int64)[:, None] + row_offsets(row, is_chain, b, i)
+    chain_hi, own_lo = row_reach(row, is_chain, shape.draft_len, shape.suffix_len, k, b)
+    mask = visible(row[None, None, :], row[None, :, None], chain_hi[..., None], own_lo[..., None])
+    return input_ids.reshape(-1), positions.reshape(-1), mask.reshape(-1)
+
+
+def full_mask(mask_qlen_only: Tensor, rows: int, prefix_lens: Tensor, prefix_sum: int) -> Tensor:
+    """QLEN_ONLY [bs*N*N] -> FULL (per request N x (P + N), row-major, concatenated): every
+    row sees the P committed columns, then its QLEN_ONLY row. `prefix_sum` (= sum of
+    prefix_lens, known on the host) sizes the result, so there is no device sync."""
+    device = mask_qlen_only.device
+    N = rows
+    P = prefix_lens.to(torch.int64)
+    bs = P.numel()
+    starts = N * (torch.cumsum(P, 0) - P) + torch.arange(bs, device=device) * N * N
+    r = torch.arange(N, device=device)
+    dest = starts[:, None, None] + r[None, :, None] * (P[:, None, None] + N) + P[:, None, None] + r[None, None, :]
+    out = torch.ones(N * prefix_sum + bs * N * N, dtype=torch.bool, device=device)
+    out[dest.reshape(-1)] = mask_qlen_only.reshape(-1).to(torch.bool)
+    return out

@@ -1,0 +1,87 @@
+"""What PARSE reserves on the device when its draft and verify run under CUDA graphs.
+
+SGLang's graph runners size their static buffers for the widest batch they capture, and a
+PARSE verify batch is wide: max_bs requests x N_max rows. At startup (main process, once the
+server arguments are resolved) this module computes, logs and bounds what that costs:
+
+- the target verify graph's FlashInfer KV-index buffer: max_bs * N_max * context_len int32
+  (SGLang sizes it as if every verify row could read a whole context);
+- its custom-mask buffer: max_bs * N_max * context_len bytes;
+- the draft chain's multi-step KV-index buffer: (L + 2) * max_bs * context_len int32;
+- the graphs' shared logits buffer, fp32 x vocabulary: max_bs * (L + 1 + K_max) rows, the rows
+  PARSE reads (scheduler_patches/verify_graph.py; SGLang alone would reserve max_bs * N_max).
+
+SGLang prices none of these (its graph reserve is ~2 MB per captured request), so they come
+out of the memory it leaves outside its static pool, GPU memory x (1 - mem_fraction_static).
+A configuration whose reservations exceed that is refused with the settings that size them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+MIB = 1 << 20
+
+
+@dataclass(frozen=True)
+class GraphReservations:
+    max_bs: int
+    window_rows: int  # N_max
+    read_rows: int  # L + 1 + K_max
+    draft_steps: int  # L + 2
+    context_len: int
+    vocab_size: int
+
+    @property
+    def verify_kv_indices(self) -> int:
+        return self.max_bs * self.window_rows * self.context_len * 4
+
+    @property
+    def verify_custom_mask(self) -> int:
+        return self.max_bs * self.window_rows * self.context_len
+
+    @property
+    def draft_kv_indices(self) -> int:
+        return self.draft_steps * self.max_bs * self.context_len * 4
+
+    @property
+    def logits(self) -> int:
+        return self.max_bs * self.read_rows * self.vocab_size * 4
+
+    @property
+    def logits_unpruned(self) -> int:
+        """What SGLang's own sizing would reserve for the logits buffer."""
+        return self.max_bs * self.window_rows * self.vocab_size * 4
+
+    @property
+    def total(self) -> int:
+        return self.verify_kv_indices + self.verify_custom_mask + self.draft_kv_indices + self.logits
+
+    def describe(self) -> str:
+        parts = {
+            "verify KV indices": self.verify_kv_indices,
+            "verify custom mask": self.verify_custom_mask,
+            "draft-chain KV indices": self.draft_kv_indices,
+            "logits": self.logits,
+        }
+        listed = ", ".join(f"{name} {size / MIB:.0f} MiB" for name, size in parts.items())
+        return (
+            f"{self.total / MIB:.0f} MiB ({listed}; max_bs={self.max_bs}, N_max={self.window_rows}, "
+            f"context_len={self.context_len}, vocab={self.vocab_size}; the logits buffer alone "
+            f"would be {self.logits_unpruned / MIB:.0f} MiB unpruned)"
+        )
+
+
+def check_fits(reservations: GraphReservations, device_mib: float, mem_fraction_static: float) -> None:
+    """Refuse (ValueError naming the settings) reservations above the memory SGLang leaves
+    outside its static pool."""
+    headroom = device_mib * (1.0 - mem_fraction_static) * MIB
+    if reservations.total > headroom:
+        raise ValueError(
+            f"PARSE's CUDA-graph reservations need {reservations.describe()}, more than the "
+            f"{headroom / MIB:.0f} MiB SGLang leaves outside its static pool (device {device_mib:.0f} MiB x "
+            f"(1 - --mem-fraction-static={mem_fraction_static})). Allowed are reservations within that: "
+            f"lower --cuda-graph-max-bs / --max-running-requests (max_bs={reservations.max_bs}), "
+            f"--context-length ({reservations.context_len}), --speculative-num-steps or raise probe_stride "
+            f"(N_max={reservations.window_rows}), lower --mem-fraction-static, or --disable-cuda-graph"
+        )

@@ -1,0 +1,96 @@
+"""PARSE's verify pass under SGLang's decode CUDA graph (the target's TARGET_VERIFY graph).
+
+What it changes (each only for a PARSE target runner; other algorithms are untouched):
+- AROUND `DecodeCudaGraphRunner.get_spec_info` and AROUND `create_dummy_verify_input` as
+  bound in `model_executor/runner/base_runner.py` (warm-up / FlashInfer autotune dummy
+  forwards): both return None for plug-in algorithms; PARSE's answer is
+  `ParseVerifyInput.for_capture` of the fixed window (K_max probes, N_max rows), whose
+  request-major logits rows the graph bakes in.
+- AFTER `ModelRunner.max_decode_logits_rows`: SGLang sizes the graphs' shared logits buffer
+  for every verify row (max_bs * N_max rows x vocab, fp32: GBs at a 150k vocabulary);
+  PARSE reads only max_bs * (L + 1 + K_max) rows, so that is what is reserved.
+
+Why: SGLang captures TARGET_VERIFY at `get_num_tokens_per_req_for_target_verify` rows per
+request (PARSE answers N_max, spec_algo.py) but has no PARSE input to capture with; the
+window itself has a fixed shape in "auto" mode whenever the graph is captured
+(worker._fixed_window), so the captured logits rows are the ones every replay reads.
+"""
+
+from __future__ import annotations
+
+from sglang.srt.plugins.hook_registry import HookType
+
+from parse_sglang.scheduler_patches import register_hooks_once
+
+RUNNER = "sglang.srt.model_executor.runner.decode_cuda_graph_runner.DecodeCudaGraphRunner"
+SPEC_INFO_TARGET = f"{RUNNER}.get_spec_info"
+DUMMY_TARGET = "sglang.srt.model_executor.runner.base_runner.create_dummy_verify_input"
+LOGITS_ROWS_TARGET = "sglang.srt.model_executor.model_runner.ModelRunner.max_decode_logits_rows"
+
+HOOKED_SIGNATURES = {
+    SPEC_INFO_TARGET: "(self, num_tokens: 'int')",
+    DUMMY_TARGET: (
+        "(spec_algorithm: 'SpeculativeAlgorithm', custom_mask: 'torch.Tensor', num_tokens_per_req: 'int', "
+        "is_draft_worker: 'bool') -> 'Optional[SpecInput]'"
+    ),
+    LOGITS_ROWS_TARGET: "(self) -> 'int'",
+}
+
+
+def _parse_window(spec_algorithm, is_draft_worker: bool):
+    """The fixed PARSE window shape of this process's server, or None (not a PARSE target)."""
+    from parse_sglang.spec_algo import ALGORITHM
+
+    if is_draft_worker or not spec_algorithm.is_speculative() or spec_algorithm.name != ALGORITHM:
+        return None
+    from sglang.srt.runtime_context import get_model, get_server_args, get_serving, get_spec
+
+    from parse_sglang.settings import fixed_window_shape, judge_probe_for, server_parse_config
+
+    config = server_parse_config(get_server_args(), get_spec().speculative_num_steps)
+    suffix = 0
+    if config.judge:
+        suffix = len(judge_probe_for(get_serving().tokenizer_path, config.judge_question, get_model().trust_remote_code).suffix_ids)
+    return fixed_window_shape(config, suffix)
+
+
+def capture_spec_info(original, runner, num_tokens: int):
+    """AROUND get_spec_info: PARSE's capture input for num_tokens // N_max requests."""
+    shape = _parse_window(runner.model_runner.spec_algorithm, runner.model_runner.is_draft_worker)
+    if shape is None:
+        return original(runner, num_tokens)
+    from parse_sglang.verify_input import ParseVerifyInput
+
+    return ParseVerifyInput.for_capture(shape, num_tokens // shape.rows, runner.buffers.custom_mask)
+
+
+def dummy_verify_input(original, spec_algorithm, custom_mask, num_tokens_per_req: int, is_draft_worker: bool):
+    """AROUND create_dummy_verify_input: a warm-up forward's PARSE input. Its batch size is
+    not passed, so it reads the logits of one request's rows (present in any batch)."""
+    shape = _parse_window(spec_algorithm, is_draft_worker)
+    if shape is None:
+        return original(spec_algorithm, custom_mask, num_tokens_per_req, is_draft_worker)
+    from parse_sglang.verify_input import ParseVerifyInput
+
+    return ParseVerifyInput.for_capture(shape, 1, custom_mask)
+
+
+def read_rows_only(rows: int, model_runner) -> int:
+    """AFTER max_decode_logits_rows: max_bs * N_max verify rows -> max_bs * (L + 1 + K_max)."""
+    shape = _parse_window(model_runner.spec_algorithm, model_runner.is_draft_worker)
+    if shape is None:
+        return rows
+    return rows // shape.rows * shape.read_rows
+
+
+def install() -> str:
+    register_hooks_once(
+        __name__,
+        (SPEC_INFO_TARGET, capture_spec_info, HookType.AROUND),
+        (DUMMY_TARGET, dummy_verify_input, HookType.AROUND),
+        (LOGITS_ROWS_TARGET, read_rows_only, HookType.AFTER),
+    )
+    return (
+        f"{SPEC_INFO_TARGET}, {DUMMY_TARGET}: AROUND hooks giving PARSE's verify-capture input; "
+        f"{LOGITS_ROWS_TARGET}: AFTER hook sizing the graph logits buffer to PARSE's read rows"
+    )
