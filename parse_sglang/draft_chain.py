@@ -27,7 +27,6 @@ from sglang.srt.configs.draft_parallel import DraftParallelSpec, DraftTPExecutio
 from sglang.srt.layers.moe.utils import draft_model_build_scope
 from sglang.srt.managers.schedule_batch import ScheduleBatch
 from sglang.srt.managers.tp_worker import TpModelWorker
-from sglang.srt.model_executor.cuda_graph_config import Backend, Phase, check_cuda_graph_backend
 from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardMode
 from sglang.srt.runtime_context import get_device
 from sglang.srt.server_args import ServerArgs
@@ -39,7 +38,6 @@ from sglang.srt.speculative.eagle_utils import default_tree_mask_mode
 from sglang.srt.speculative.eagle_worker_common import prepare_for_draft
 from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker
 from sglang.srt.speculative.spec_utils import draft_pp_context, draft_tp_context
-from sglang.srt.utils import is_cuda
 
 logger = logging.getLogger(__name__)
 
@@ -108,18 +106,19 @@ class DraftChain(EagleDraftWorker):
         self.draft_runner.draft_attn_backend = self.draft_attn_backend
 
     def _capture_cuda_graphs(self):
-        """SGLang's draft-decode CUDA graph of the whole chain, one per captured batch size
-        (CUDA with decode graphs on); never a draft-extend graph."""
+        """SGLang's draft-decode CUDA graph of the whole chain, one per captured batch size,
+        exactly where the target's verify pass is graphed too; never a draft-extend graph."""
         self.cuda_graph_runner = None
-        if not is_cuda() or check_cuda_graph_backend(Phase.DECODE, Backend.DISABLED):
+        if self.target_worker.model_runner.decode_cuda_graph_runner is None:
             return
         from sglang.srt.speculative.eagle_draft_cuda_graph_runner import EAGLEDraftCudaGraphRunner
 
         self.cuda_graph_runner = EAGLEDraftCudaGraphRunner(self, speculative_num_steps=self.speculative_num_steps)
         logger.info("PARSE draft chain of %d steps captured as CUDA graphs", self.speculative_num_steps - 1)
 
-    def draft(self, batch: ScheduleBatch, last_tokens: torch.Tensor) -> torch.Tensor:
-        """[bs, L+2] c_n, d_1 .. d_{L+1}, greedy from each request's committed KV.
+    def draft(self, batch: ScheduleBatch, last_tokens: torch.Tensor) -> tuple[torch.Tensor, bool]:
+        """([bs, L+2] c_n, d_1 .. d_{L+1} greedy from each request's committed KV, whether the
+        chain ran as a graph replay).
 
         batch.seq_lens must be the committed lengths P; leaves batch.out_cache_loc and
         batch.spec_info set to the draft's (the worker overwrites both for the verify)."""
@@ -149,4 +148,4 @@ class DraftChain(EagleDraftWorker):
             self.draft_attn_backend.init_forward_metadata(forward_batch)
             forward_batch.mark_forward_metadata_ready()
             _, _, draft_tokens, _ = self.draft_forward(forward_batch)
-        return draft_tokens
+        return draft_tokens, bool(use_graph)

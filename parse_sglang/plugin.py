@@ -23,6 +23,7 @@ logger = logging.getLogger(__name__)
 INSTALLERS = [
     "parse_sglang.scheduler_patches.torch_native_verify",
     "parse_sglang.scheduler_patches.torch_native_draft",
+    "parse_sglang.scheduler_patches.cpu_graphs",  # inert unless parse_sglang.cpu.CPU_GRAPHS_ENV asks
     "parse_sglang.spec_algo",
 ]
 

@@ -142,19 +142,21 @@ class ParseWorker(BaseSpecWorker):
         """One PARSE round for every request of a decode batch (DESIGN.md §1, steps 1-9)."""
         committed = Committed.of(batch, self.device)
         policies = [self._policy(req) for req in batch.reqs]
-        drafts = self._draft(batch, committed)  # 1. d_1..d_L
+        drafts, draft_graphed = self._draft(batch, committed)  # 1. d_1..d_L
         window = self._plan_window(committed, drafts, policies)  # 2.-5. boundaries, probes, mask
-        chain_logits, probe_logits, can_run_graph = self._verify(batch, committed, window)  # 6. ONE forward
+        chain_logits, probe_logits, verify_graphed = self._verify(batch, committed, window)  # 6. ONE forward
         accepted = self._accept(batch, window, chain_logits, probe_logits)  # 7.-8. read, accept
-        self._record_stats(batch.reqs, window, accepted)
+        graphed = draft_graphed and verify_graphed
+        self._record_stats(batch.reqs, window, accepted, graphed)
         self._update_target_phases(batch.reqs, window, accepted)
-        return self._result(batch, committed, window, accepted, chain_logits, can_run_graph)  # 9. SGLang commits
+        return self._result(batch, committed, window, accepted, chain_logits, graphed)  # 9. SGLang commits
 
-    def _draft(self, batch: ScheduleBatch, committed: Committed) -> torch.Tensor:
-        """[bs, L] greedy draft d_1..d_L from c_n (`DraftChain`: L+1 draft decode steps)."""
+    def _draft(self, batch: ScheduleBatch, committed: Committed) -> tuple[torch.Tensor, bool]:
+        """[bs, L] greedy draft d_1..d_L from c_n (`DraftChain`: L+1 draft decode steps), and
+        whether they ran as one graph replay."""
         self._set_lengths(batch, committed, extra=0)
-        chain = self._draft_worker.draft(batch, committed.last_tokens)
-        return chain[:, 1 : 1 + self.config.draft_budget]
+        chain, graphed = self._draft_worker.draft(batch, committed.last_tokens)
+        return chain[:, 1 : 1 + self.config.draft_budget], graphed
 
     def _plan_window(self, committed: Committed, drafts: torch.Tensor, policies) -> Window:
         """Boundaries per request, then one device-built window for all of them."""
@@ -360,7 +362,7 @@ class ParseWorker(BaseSpecWorker):
             batch.seq_lens + accepted,
         ).to(torch.int64)
 
-    def _record_stats(self, reqs, window: Window, accepted: Accepted) -> None:
+    def _record_stats(self, reqs, window: Window, accepted: Accepted, graphed: bool) -> None:
         """Per-request counters (meta_info["parse"], scheduler_patches/request_stats.py) and
         the server's totals (get_server_info, scheduler_patches/server_info.py)."""
         draft_lens, exact, judged = window.draft_lens.tolist(), accepted.exact.tolist(), accepted.judged.tolist()
@@ -368,9 +370,11 @@ class ParseWorker(BaseSpecWorker):
         for i, req in enumerate(reqs):
             probes = _probe_round(window, accepted, i) if RETURN_PROBE_SCORES in req.parse_outputs else None
             new_requests += record_round(req, draft_lens[i], exact[i], judged[i], probes)
-        self.totals.add_pass(new_requests, len(reqs), sum(draft_lens), sum(exact), sum(judged))
+        self.totals.add_pass(new_requests, len(reqs), sum(draft_lens), sum(exact), sum(judged), graphed)
 
-    def _result(self, batch, committed: Committed, window: Window, accepted: Accepted, chain_logits, can_run_graph):
+    def _result(self, batch, committed: Committed, window: Window, accepted: Accepted, chain_logits, graphed: bool):
+        """What SGLang's scheduler commits; `graphed` (the draft chain and the verify both ran
+        as graph replays) is what its decode log and metrics report as "cuda graph"."""
         chain_output = LogitsProcessorOutput(next_token_logits=chain_logits)
         if batch.return_logprob:
             compute_spec_logprobs(batch, chain_output, accepted.predict, accept_index=accepted.accept_index)
@@ -382,7 +386,7 @@ class ParseWorker(BaseSpecWorker):
             new_seq_lens=committed.seq_lens + accepted.accept_lens,
             next_draft_input=None,
             speculative_num_draft_tokens=window.width,
-            can_run_cuda_graph=can_run_graph,
+            can_run_cuda_graph=graphed,
         )
 
     @property

@@ -30,6 +30,16 @@ PROMPTS = [
 ]
 MAX_NEW_TOKENS = 32
 
+# Prompts of different lengths for the batch tests (>= 8, sent in one generate call).
+BATCH_PROMPTS = PROMPTS + [
+    "A",
+    "Is the answer correct? Yes. Is the answer correct?",
+    "red green red green red green red green red green red green red",
+    "the cat and the dog and the sun and the moon",
+    "Finally, the result value equals three plus four, so the total is",
+    "We add the numbers first, then we print the total value. " * 12 + "So",  # chunked prefill
+]
+
 
 def engine_kwargs(model_path, **overrides) -> dict:
     """`sglang.Engine` keyword arguments for a tiny fp32 model on CPU (DESIGN.md §3)."""
@@ -99,6 +109,29 @@ def hf_greedy(model, prompt_ids: list[int], max_new: int, ignore_eos: bool = Fal
     finally:
         torch.set_num_threads(threads)
     return tokens
+
+
+def assert_drafts_are_draft_greedy(outs, prompt_ids, draft) -> int:
+    """Every PARSE round's draft (`return_probe_scores` entries) is the draft model's own greedy
+    continuation of the tokens committed before that round, as transformers computes it;
+    returns how many rounds were checked."""
+    rounds = 0
+    for ids, out in zip(prompt_ids, outs):
+        committed = 1  # the prefill's token, then each round's accepted drafts and bonus
+        for round_ in out["meta_info"]["parse"]["probe_scores"]:
+            context = list(ids) + out["output_ids"][:committed]
+            assert round_["draft"] == hf_greedy(draft, context, len(round_["draft"]), ignore_eos=True), committed
+            committed += round_["accepted"] + 1
+            rounds += 1
+    return rounds
+
+
+@pytest.fixture(scope="session")
+def hf_draft(tiny_pair):
+    """The tiny draft in transformers, fp32."""
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(tiny_pair[1], dtype=torch.float32).eval()
 
 
 @pytest.fixture(scope="session")

@@ -114,14 +114,15 @@ def test_reference_lossless_equals_target_greedy(hf, target_greedy):
         assert stats.accepted_judged == 0 and stats.target_forwards <= len(expected)
 
 
-def sglang_greedy(prompt_ids, **engine_kwargs) -> list[list[int]]:
-    """Greedy output ids of a real `sglang.Engine` (`demo.engine_kwargs` has enabled the CPU
+def sglang_greedy(prompt_ids, sampling: dict | None = None, **engine_kwargs) -> list[dict]:
+    """Greedy outputs of a real `sglang.Engine` (`demo.engine_kwargs` has enabled the CPU
     runtime where there is no CUDA)."""
     import sglang
 
     engine = sglang.Engine(**engine_kwargs)
     try:
-        outs = engine.generate(input_ids=prompt_ids, sampling_params={"max_new_tokens": MAX_NEW, "temperature": 0.0})
+        params = {"max_new_tokens": MAX_NEW, "temperature": 0.0, **(sampling or {})}
+        outs = engine.generate(input_ids=prompt_ids, sampling_params=params)
     finally:
         engine.shutdown()
     return outs
@@ -138,12 +139,16 @@ def test_sglang_target_only_equals_transformers(smollm2_dirs, hf, target_greedy)
 @pytest.mark.sglang
 def test_sglang_parse_lossless_equals_transformers(smollm2_dirs, hf, target_greedy):
     """PARSE in SGLang with the judge off, on the real pair: the target's greedy output, in
-    fewer target forwards (the draft agrees on 22 of these 24 tokens)."""
+    fewer target forwards (the draft agrees on 22 of these 24 tokens), from drafts that are
+    the draft model's own greedy continuations (SGLang's EAGLE chain machinery, L = 4)."""
+    from conftest import assert_drafts_are_draft_greedy
+
     from parse_sglang.config import ParseConfig
     from parse_sglang.demo import engine_kwargs, parse_engine_kwargs
 
     outs = sglang_greedy(
         hf[3],
+        {"custom_params": {"parse": {"return_probe_scores": True}}},
         **engine_kwargs(smollm2_dirs[0], torch.cuda.is_available()),
         **parse_engine_kwargs(smollm2_dirs[1], ParseConfig(draft_budget=4, judge=False)),
     )
@@ -152,6 +157,7 @@ def test_sglang_parse_lossless_equals_transformers(smollm2_dirs, hf, target_gree
     forwards = sum(1 + out["meta_info"]["spec_verify_ct"] for out in outs)
     assert tokens / forwards > 2.0, (tokens, forwards)
     assert all(out["meta_info"]["parse"]["accepted_judged"] == 0 for out in outs)
+    assert assert_drafts_are_draft_greedy(outs, hf[3], hf[2]) >= 4
 
 
 def test_missing_package_names_the_pip_command(monkeypatch):

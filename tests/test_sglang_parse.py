@@ -22,22 +22,13 @@ import re
 import pytest
 import torch
 
-from conftest import PROMPTS, engine_kwargs, hf_greedy
+from conftest import BATCH_PROMPTS, engine_kwargs, hf_greedy
 from parse_sglang.config import ParseConfig
 from parse_sglang.demo import parse_engine_kwargs
 from parse_sglang.scheduler_patches.request_stats import COUNTERS
 
 pytestmark = pytest.mark.sglang
 
-# Prompts of different lengths for the batch tests (>= 8, sent in one generate call).
-BATCH_PROMPTS = PROMPTS + [
-    "A",
-    "Is the answer correct? Yes. Is the answer correct?",
-    "red green red green red green red green red green red green red",
-    "the cat and the dog and the sun and the moon",
-    "Finally, the result value equals three plus four, so the total is",
-    "We add the numbers first, then we print the total value. " * 12 + "So",  # chunked prefill
-]
 MAX_NEW = 32
 LOSSLESS = ParseConfig(draft_budget=4, judge=False)
 JUDGED = ParseConfig(draft_budget=6, probe_stride=2, threshold=0.0)
@@ -228,16 +219,14 @@ def test_judge_off_requests_in_a_judged_batch_stay_lossless(judged_engine, targe
 
 
 @pytest.mark.parametrize("after_rejection", ["redraft", "target_to_delimiter"])
-def test_judged_rounds_equal_reference(judged_engine, tiny_pair, hf_target, after_rejection):
+def test_judged_rounds_equal_reference(judged_engine, hf_target, hf_draft, after_rejection):
     """τ = 0.3 (per request) rejects some probes and accepts others; the Hugging Face
     reference of the same rounds, started from SGLang's state after prefill (prompt plus the
     target's first token), must emit the same tokens, with either policy after a rejection."""
-    from transformers import AutoModelForCausalLM
-
     from parse_sglang.reference import ParseGenerator
 
     tokenizer, target = hf_target
-    draft = AutoModelForCausalLM.from_pretrained(tiny_pair[1], dtype=torch.float32).eval()
+    draft = hf_draft
     settings = {"threshold": 0.3, "after_rejection": after_rejection}
     config = dataclasses.replace(JUDGED, **settings)
     reference = ParseGenerator(target, draft, tokenizer, config)

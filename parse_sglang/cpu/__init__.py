@@ -29,6 +29,10 @@ STANDIN_DIRS = {
     "torchvision": str(_HERE / "standin_torchvision"),
 }
 CPU_ENGINE_ENV = "SGLANG_USE_CPU_ENGINE"
+# Set (to "1") in the environment an engine's processes start with: SGLang's GPU graph
+# runners run on CPU with the eager-replay stand-in (scheduler_patches/cpu_graphs.py).
+# For tests of the GPU graph path; an engine also needs decode graphs left on.
+CPU_GRAPHS_ENV = "PARSE_CPU_GRAPHS"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,6 +116,11 @@ def enable() -> CpuRuntimeStatus:
 # attention backend (the one our verify patch extends), no CUDA graphs, and fp32 (bf16 on
 # CPU diverges from the reference models).
 CPU_ENGINE_SETTINGS = dict(device="cpu", attention_backend="torch_native", disable_cuda_graph=True, dtype="float32")
+
+
+def graphs_requested() -> bool:
+    """Whether this process runs SGLang's graph runners with the eager-replay stand-in."""
+    return os.environ.get(CPU_GRAPHS_ENV) == "1" and not _cuda_available()
 
 
 def engine_settings() -> dict:

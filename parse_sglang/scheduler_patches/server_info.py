@@ -6,6 +6,7 @@ Shape, per scheduler (`Engine.get_server_info()["internal_states"][i]["parse"]`,
     {"requests": int,            # requests that ran at least one PARSE round
      "rounds": int,              # request-rounds (a request's draft + verify + accept)
      "verify_passes": int,       # target verify forwards (one per batch round)
+     "graph_passes": int,        # batch rounds whose draft chain and verify both replayed a graph
      "draft_tokens": int, "accepted_exact": int, "accepted_judged": int,
      "emitted_tokens": int,      # accepted drafts + one bonus token per request-round
      "tokens_per_round": float, "tokens_per_verify_pass": float,
@@ -46,15 +47,17 @@ class ServerTotals:
     requests: int = 0
     rounds: int = 0
     verify_passes: int = 0
+    graph_passes: int = 0
     draft_tokens: int = 0
     accepted_exact: int = 0
     accepted_judged: int = 0
 
-    def add_pass(self, new_requests: int, rounds: int, draft_tokens: int, exact: int, judged: int) -> None:
+    def add_pass(self, new_requests: int, rounds: int, draft_tokens: int, exact: int, judged: int, graphed: bool) -> None:
         """One verify pass over a batch of `rounds` requests."""
         self.requests += new_requests
         self.rounds += rounds
         self.verify_passes += 1
+        self.graph_passes += graphed
         self.draft_tokens += draft_tokens
         self.accepted_exact += exact
         self.accepted_judged += judged

@@ -90,6 +90,17 @@ class TorchNativeMultiStepDraftBackend:
             backend.spec_metadata = None
             backend.step_metadata = PagedMetadata(single, kv_indptr, kv_indices, None, causal=False)
 
+    # SGLang's graph-runner API (EAGLEDraftCudaGraphRunner): the per-step plans are made out
+    # of the graph, for the padded batch; nothing is preallocated or planned inside it.
+    def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int):
+        """Nothing to preallocate: each plan builds its own index tensors."""
+
+    def init_forward_metadata_out_graph(self, forward_batch, in_capture: bool = False):
+        self.init_forward_metadata(forward_batch)
+
+    def init_forward_metadata_in_graph(self, forward_batch):
+        """Planned out of the graph already."""
+
 
 def _add_torch_native(original, factory, backend_name, backend_map, error_template, stamps_children=False):
     """AROUND hook: offer "torch_native" to SGLang's draft backend factory."""

@@ -79,7 +79,13 @@ def window_kv(req_to_token, req_pool_indices, prefix_lens, window_locs, window_l
 
 
 def verify_metadata(forward_batch, req_to_token) -> PagedMetadata:
-    """TARGET_VERIFY: n rows per request after its seq_lens committed tokens, masked by the verify input."""
+    """TARGET_VERIFY: n rows per request after its seq_lens committed tokens, masked by the verify input.
+
+    Also plans a CUDA-graph replay's padded batch (SGLang's runner pads seq_lens and
+    req_pool_indices to the captured size but hands the batch's own out_cache_loc and spec
+    input): the padded requests' window rows write slot 0, as the runner's static buffer
+    holds, and see everything, as SGLang pads EAGLE's mask. A capture-time mask is the
+    runner's all-True buffer, longer than any batch needs: its first FULL-form elements."""
     spec = forward_batch.spec_info
     if spec is None:
         raise ValueError("forward_batch.spec_info: None in TARGET_VERIFY; a verify input is required")
@@ -87,23 +93,30 @@ def verify_metadata(forward_batch, req_to_token) -> PagedMetadata:
     prefix = forward_batch.seq_lens.to(torch.int64)
     bs = prefix.numel()
     window = torch.full_like(prefix, rows)
-    kv_indptr, kv_indices = window_kv(
-        req_to_token, forward_batch.req_pool_indices, prefix, forward_batch.out_cache_loc, window
-    )
+    locs = forward_batch.out_cache_loc.reshape(-1)
+    if locs.numel() < bs * rows:
+        locs = torch.cat([locs, torch.zeros(bs * rows - locs.numel(), dtype=locs.dtype, device=locs.device)])
+    kv_indptr, kv_indices = window_kv(req_to_token, forward_batch.req_pool_indices, prefix, locs, window)
     qo_indptr = indptr_of(window, torch.int32)
     mask = spec.custom_mask
     if mask is None or mask.numel() == 0:
         return PagedMetadata(qo_indptr, kv_indptr, kv_indices, None, causal=True)
+    mask = mask.reshape(-1).to(torch.bool)
     qlen_only = bs * rows * rows
-    full = int((rows * (prefix + rows)).sum())
+    prefix_sum = int(prefix.sum())
+    full = rows * prefix_sum + qlen_only
+    if mask.numel() < qlen_only and mask.numel() % (rows * rows) == 0:
+        mask = torch.cat([mask, torch.ones(qlen_only - mask.numel(), dtype=torch.bool, device=mask.device)])
     if mask.numel() == qlen_only:
-        mask = full_mask(mask, rows, prefix, int(prefix.sum()))
+        mask = full_mask(mask, rows, prefix, prefix_sum)
+    elif mask.numel() > full:
+        mask = mask[:full]
     elif mask.numel() != full:
         raise ValueError(
             f"spec_info.custom_mask: has {mask.numel()} elements; with {bs} requests of "
             f"{rows} verify rows the QLEN_ONLY form has {qlen_only} and the FULL form {full}"
         )
-    return PagedMetadata(qo_indptr, kv_indptr, kv_indices, mask.reshape(-1).to(torch.bool), causal=False)
+    return PagedMetadata(qo_indptr, kv_indptr, kv_indices, mask, causal=False)
 
 
 def draft_extend_metadata(forward_batch, req_to_token) -> PagedMetadata:
@@ -133,6 +146,23 @@ class TorchNativeSpecAttnBackend(TorchNativeAttnBackend):
             self.spec_metadata = draft_extend_metadata(forward_batch, req_to_token)
         else:
             self.spec_metadata = None
+
+    # SGLang's graph-runner API (CUDA graphs on a GPU; parse_sglang.cpu.graph_replay on CPU):
+    # the metadata is planned on the host, out of the graph, for the padded batch.
+    def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int, kv_indices_buf=None):
+        """Nothing to preallocate: each plan builds its own index tensors."""
+
+    def get_cuda_graph_seq_len_fill_value(self):
+        return 1
+
+    def init_forward_metadata_out_graph(self, forward_batch, in_capture: bool = False):
+        if forward_batch.forward_mode.is_target_verify():
+            self.spec_metadata = verify_metadata(forward_batch, self.req_to_token_pool.req_to_token)
+        else:
+            raise NotImplementedError(
+                f"forward_mode={forward_batch.forward_mode}: the torch_native backend plans graph "
+                "replays of TARGET_VERIFY only"
+            )
 
     def run_paged(self, q, k, v, layer, forward_batch, save_kv_cache, metadata: PagedMetadata):
         """Write this forward's K/V, then attend with `metadata` through the shared paged attention."""

@@ -6,9 +6,11 @@ What it changes (each only for a PARSE target runner; other algorithms are untou
   forwards): both return None for plug-in algorithms; PARSE's answer is
   `ParseVerifyInput.for_capture` of the fixed window (K_max probes, N_max rows), whose
   request-major logits rows the graph bakes in.
-- AFTER `ModelRunner.max_decode_logits_rows`: SGLang sizes the graphs' shared logits buffer
-  for every verify row (max_bs * N_max rows x vocab, fp32: GBs at a 150k vocabulary);
-  PARSE reads only max_bs * (L + 1 + K_max) rows, so that is what is reserved.
+- AFTER `ModelRunner.max_decode_logits_rows` and
+  `DecodeCudaGraphRunner._next_token_logits_buffer_capacity_rows`: SGLang sizes the graphs'
+  shared logits buffer for every verify row (max_bs * N_max rows x vocab, fp32: GBs at a
+  150k vocabulary); PARSE reads only max_bs * (L + 1 + K_max) rows, so that is what is
+  reserved (scheduler_patches/logits_rows.py cuts each forward's slice to its rows).
 
 Why: SGLang captures TARGET_VERIFY at `get_num_tokens_per_req_for_target_verify` rows per
 request (PARSE answers N_max, spec_algo.py) but has no PARSE input to capture with; the
@@ -26,6 +28,7 @@ RUNNER = "sglang.srt.model_executor.runner.decode_cuda_graph_runner.DecodeCudaGr
 SPEC_INFO_TARGET = f"{RUNNER}.get_spec_info"
 DUMMY_TARGET = "sglang.srt.model_executor.runner.base_runner.create_dummy_verify_input"
 LOGITS_ROWS_TARGET = "sglang.srt.model_executor.model_runner.ModelRunner.max_decode_logits_rows"
+CAPACITY_TARGET = f"{RUNNER}._next_token_logits_buffer_capacity_rows"
 
 HOOKED_SIGNATURES = {
     SPEC_INFO_TARGET: "(self, num_tokens: 'int')",
@@ -34,6 +37,7 @@ HOOKED_SIGNATURES = {
         "is_draft_worker: 'bool') -> 'Optional[SpecInput]'"
     ),
     LOGITS_ROWS_TARGET: "(self) -> 'int'",
+    CAPACITY_TARGET: "(self, max_num_tokens: 'int') -> 'int'",
 }
 
 
@@ -83,14 +87,20 @@ def read_rows_only(rows: int, model_runner) -> int:
     return rows // shape.rows * shape.read_rows
 
 
+def read_rows_capacity(rows: int, runner, max_num_tokens: int) -> int:
+    """AFTER _next_token_logits_buffer_capacity_rows: the same cut for the runner's buffer."""
+    return read_rows_only(rows, runner.model_runner)
+
+
 def install() -> str:
     register_hooks_once(
         __name__,
         (SPEC_INFO_TARGET, capture_spec_info, HookType.AROUND),
         (DUMMY_TARGET, dummy_verify_input, HookType.AROUND),
         (LOGITS_ROWS_TARGET, read_rows_only, HookType.AFTER),
+        (CAPACITY_TARGET, read_rows_capacity, HookType.AFTER),
     )
     return (
         f"{SPEC_INFO_TARGET}, {DUMMY_TARGET}: AROUND hooks giving PARSE's verify-capture input; "
-        f"{LOGITS_ROWS_TARGET}: AFTER hook sizing the graph logits buffer to PARSE's read rows"
+        f"{LOGITS_ROWS_TARGET}, {CAPACITY_TARGET}: AFTER hooks sizing the graph logits buffer to PARSE's read rows"
     )

@@ -1,0 +1,100 @@
+"""Per-round cost of a PARSE verify window's metadata, by context length.
+
+Side by side, for one decode batch at contexts 1k / 8k / 32k:
+- host-built (the reference layout `build_verify_layout`, how the worker built every round
+  before the window moved to the device): everything, the FULL mask included, is made on
+  the host and would be copied to the device;
+- device-built (`window_plan.plan_window`, what the worker runs now): the host places the
+  boundaries; ids, positions and both masks are built on the device.
+Bytes are counted with `parse_sglang.host_traffic.HostTraffic` (device tensors on `meta`, so
+no GPU is needed to count them); times are wall-clock medians of building on this machine's
+CPU (for the device-built path that is the device work on a CPU, not a GPU figure).
+
+Run:  python benchmarks/metadata_cost.py [--batch 8] [--draft 32] [--stride 8] [--suffix 23]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+
+import torch
+
+from parse_sglang.attention.layout import VerifyRequest, build_verify_layout
+from parse_sglang.host_traffic import HostTraffic
+
+CONTEXTS = (1024, 8192, 32768)
+
+
+def median_ms(fn, repeats: int = 5) -> float:
+    fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - start) * 1000)
+    return statistics.median(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--draft", type=int, default=32, help="L")
+    parser.add_argument("--stride", type=int, default=8, help="Δ (K = L / Δ probes)")
+    parser.add_argument("--suffix", type=int, default=23, help="m, judge-suffix tokens (SmolLM2: 23)")
+    args = parser.parse_args()
+
+    import parse_sglang.cpu
+
+    parse_sglang.cpu.enable()  # the window planner builds SGLang's verify input
+    from parse_sglang.config import ParseConfig
+    from parse_sglang.tiny_models import build_tokenizer
+    from parse_sglang.window_plan import RequestPolicy, plan_window
+
+    torch.set_num_threads(1)
+    probes = args.draft // args.stride
+    bounds = [args.stride * (k + 1) for k in range(probes)]
+    tokenizer = build_tokenizer(tempfile.mkdtemp())
+    drafts_host = torch.randint(0, len(tokenizer), (args.batch, args.draft))
+    policy = RequestPolicy(ParseConfig(draft_budget=args.draft, probe_stride=args.stride), args.draft, True, False, frozenset())
+
+    def host_built(context):
+        reqs = [VerifyRequest(context, 0, row, bounds, [0] * args.suffix) for row in drafts_host.tolist()]
+        return lambda: build_verify_layout(reqs)
+
+    def device_built(context, device):
+        inputs = dict(
+            drafts=drafts_host.to(device),
+            last_tokens=torch.zeros(args.batch, dtype=torch.int64, device=device),
+            prefix_lens=torch.full((args.batch,), context, dtype=torch.int64, device=device),
+            suffix_ids=torch.zeros(args.suffix, dtype=torch.int64, device=device),
+        )
+        return lambda: plan_window(
+            **inputs, drafts_host=drafts_host, prefix_sum=args.batch * context, policies=[policy] * args.batch,
+            tokenizer=tokenizer, fixed_probes=probes, full_mask_form=True,
+        )  # fmt: skip
+
+    def counted(build) -> HostTraffic:
+        with HostTraffic() as traffic:
+            build()
+        return traffic
+
+    window = 1 + args.draft + probes * args.suffix
+    print(f"batch {args.batch}, L={args.draft}, K={probes}, m={args.suffix}: N = {window} rows per request")
+    print(f"{'context':>8} | {'host-built ms':>13} {'host KiB':>9} | {'device-built ms':>15} {'host KiB':>9} {'to-device KiB':>13} {'device KiB':>11}")
+    for context in CONTEXTS:
+        old = counted(host_built(context))
+        new = counted(device_built(context, "meta"))
+        print(
+            f"{context:>8} | {median_ms(host_built(context)):>13.1f} {old.host_bytes / 1024:>9.0f} | "
+            f"{median_ms(device_built(context, 'cpu')):>15.1f} {new.host_bytes / 1024:>9.1f} "
+            f"{new.to_device_bytes / 1024:>13.1f} {new.device_bytes / 1024:>11.0f}"
+        )
+    print("host KiB (host-built) would all cross to the device each round; device KiB is the device's own work,")
+    print("mostly the FULL mask FlashInfer reads (N x (P + N) per request).")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,115 @@
+"""The device-built verify window (attention/window.py, window_plan.py): the same rows,
+positions and masks as the reference layout, request-major logits rows, and a per-round
+host cost that does not grow with the context."""
+
+import random
+
+import pytest
+import torch
+
+from parse_sglang.attention.layout import VerifyRequest, build_verify_layout
+from parse_sglang.attention.window import WindowShape, full_mask, window_inputs
+from parse_sglang.host_traffic import HostTraffic
+
+
+def test_device_window_equals_reference_layout():
+    """Random uniform batches (one L, K, m): input ids, positions, QLEN_ONLY and FULL masks equal
+    `build_verify_layout`'s, and the logits rows are its chain and probe rows, request-major."""
+    rng = random.Random(0)
+    for trial in range(60):
+        bs, L = rng.randint(1, 5), rng.randint(1, 9)
+        K = rng.randint(0, min(L, 4))
+        m = rng.randint(1, 4) if K else 0
+        suffix = [rng.randrange(100) for _ in range(m)]
+        reqs = [
+            VerifyRequest(rng.randint(0, 12), rng.randrange(100), [rng.randrange(100) for _ in range(L)],
+                          sorted(rng.sample(range(1, L + 1), K)), suffix)
+            for _ in range(bs)
+        ]  # fmt: skip
+        layout = build_verify_layout(reqs)
+        shape = WindowShape(L, K, m)
+        prefix = torch.tensor([r.prefix_len for r in reqs])
+        ids, positions, mask = window_inputs(
+            shape,
+            prefix,
+            torch.tensor([[r.last_token, *r.draft_ids] for r in reqs]),
+            torch.tensor([r.boundaries for r in reqs], dtype=torch.int64).view(bs, K),
+            torch.tensor(suffix, dtype=torch.int64),
+        )
+        assert torch.equal(ids, layout.input_ids), trial
+        assert torch.equal(positions, layout.positions), trial
+        assert torch.equal(mask, layout.mask_qlen_only), trial
+        assert torch.equal(full_mask(mask, shape.rows, prefix, int(prefix.sum())), layout.mask_full), trial
+        expected = []
+        for b in range(bs):
+            expected += layout.chain_rows[layout.chain_indptr[b] : layout.chain_indptr[b + 1]].tolist()
+            expected += layout.probe_rows[layout.probe_indptr[b] : layout.probe_indptr[b + 1]].tolist()
+        assert shape.logits_rows(bs, "cpu").tolist() == expected, trial
+
+
+def test_split_logits_reads_request_major_rows():
+    shape = WindowShape(draft_len=3, num_probes=2, suffix_len=5)
+    bs, vocab = 3, 7
+    logits = torch.randn(bs * shape.read_rows + 4, vocab)  # a padded graph batch has more rows
+    chain, probes = shape.split_logits(logits, bs)
+    assert chain.shape == (bs, 4, vocab) and probes.shape == (bs, 2, vocab)
+    assert torch.equal(chain[1, 0], logits[shape.read_rows]) and torch.equal(probes[2, 1], logits[3 * 6 - 1])
+
+
+def test_window_shape_refuses_probes_without_suffix():
+    with pytest.raises(ValueError, match="probes need a judge suffix"):
+        WindowShape(draft_len=4, num_probes=2, suffix_len=0)
+
+
+# ----- host cost per round ---------------------------------------------------------------
+
+BATCH, DRAFT, STRIDE, SUFFIX = 8, 32, 8, 23  # the defaults' window: K_max = 4, N_max = 125
+
+
+def _plan_round(context: int, tokenizer, cpu_runtime) -> HostTraffic:
+    """One round's window planning with its device tensors on `meta`, counted."""
+    from parse_sglang.config import ParseConfig
+    from parse_sglang.window_plan import RequestPolicy, plan_window
+
+    torch.manual_seed(0)
+    drafts_host = torch.randint(0, len(tokenizer), (BATCH, DRAFT))
+    policy = RequestPolicy(ParseConfig(draft_budget=DRAFT, probe_stride=STRIDE), DRAFT, True, False, frozenset())
+    device_inputs = dict(
+        drafts=drafts_host.to("meta"),
+        last_tokens=torch.zeros(BATCH, dtype=torch.int64, device="meta"),
+        prefix_lens=torch.full((BATCH,), context, dtype=torch.int64, device="meta"),
+        suffix_ids=torch.zeros(SUFFIX, dtype=torch.int64, device="meta"),
+    )
+    with HostTraffic() as traffic:
+        window = plan_window(
+            **device_inputs,
+            drafts_host=drafts_host,
+            prefix_sum=BATCH * context,
+            policies=[policy] * BATCH,
+            tokenizer=tokenizer,
+            fixed_probes=DRAFT // STRIDE,
+            full_mask_form=True,
+        )
+    assert window.shape.rows == 1 + DRAFT + 4 * SUFFIX
+    return traffic
+
+
+def test_round_metadata_host_cost_does_not_grow_with_context(tmp_path, cpu_runtime):
+    """Host bytes and host-to-device bytes per round are the same at contexts 1k, 8k and 32k
+    (O(batch x window)); only the device's FULL mask grows. The same count on the host-built
+    reference layout grows with the context, so the count can tell."""
+    from parse_sglang.tiny_models import build_tokenizer
+
+    tokenizer = build_tokenizer(tmp_path)
+    rounds = [_plan_round(context, tokenizer, cpu_runtime) for context in (1024, 8192, 32768)]
+    assert len({r.host_bytes for r in rounds}) == 1 and len({r.to_device_bytes for r in rounds}) == 1
+    assert rounds[0].host_bytes < BATCH * 2000 * 8  # a few hundred numbers per request
+    assert rounds[0].device_bytes < rounds[1].device_bytes < rounds[2].device_bytes
+
+    host_built = []
+    for context in (1024, 8192):
+        with HostTraffic() as traffic:
+            build_verify_layout([VerifyRequest(context, 0, list(range(DRAFT)), [8, 16, 24, 32], [0] * SUFFIX)])
+        host_built.append(traffic.host_bytes)
+    window_rows = 1 + DRAFT + 4 * SUFFIX
+    assert host_built[1] - host_built[0] >= window_rows * (8192 - 1024)  # at least the FULL mask's growth
