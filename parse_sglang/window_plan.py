@@ -2,7 +2,9 @@
 
 The host's share is O(batch x window): the draft tokens come over once (their text places
 the boundaries), the boundaries go back once as a [bs, K] tensor, plus a few per-request
-flags. The window itself is built on the device (`ParseVerifyInput.for_round`).
+flags. The window itself is built on the device (`ParseVerifyInput.for_round`). The host
+decisions (`ProbePlan`) are what a tensor-parallel server's ranks take from rank 0
+(`plan_window`'s `share`, parse_sglang.tp_sync), so their windows are the same.
 
 Every request of a batch gets K probes (SGLang needs one window length per batch):
 requests with fewer real boundaries, or with the judge off, get padding probes at unused
@@ -13,7 +15,7 @@ K_max every round when the window is fixed (what a captured CUDA graph replays).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import torch
 
@@ -70,6 +72,38 @@ def with_padding_probes(bounds: list[int], count: int, length: int) -> list[int]
     return sorted(bounds + extra)
 
 
+@dataclass(frozen=True)
+class ProbePlan:
+    """Steps 1-2 of a round as host data: the drafts and where their probes go, the
+    round's decisions taken on the host (the boundaries come from the draft's text). A
+    tensor-parallel server builds every rank's window from rank 0's (`tp_sync`)."""
+
+    drafts: torch.Tensor  # [bs, L] int64, d_1..d_L
+    draft_lens: torch.Tensor  # [bs] int64, draft tokens that may be accepted (budget, stop token)
+    judged: torch.Tensor  # [bs] bool, the judge may extend this request's acceptance
+    bounds: torch.Tensor  # [bs, L] int64, real boundaries b_1 < ... < b_K, then 0s
+
+    def real_bounds(self) -> list[list[int]]:
+        return [[b for b in row if b > 0] for row in self.bounds.tolist()]
+
+
+def place_probes(drafts_host: torch.Tensor, policies: Sequence[RequestPolicy], tokenizer) -> ProbePlan:
+    """Each request's acceptable draft length and real probe boundaries (host work)."""
+    rows = drafts_host.tolist()
+    length = drafts_host.shape[1]
+    draft_lens = [0 if p.sampled else cut_at_stop(row[: p.budget], p.stop_ids) for row, p in zip(rows, policies)]
+    bounds = [
+        draft_boundaries(tokenizer, row[:n], p.config.probe_stride, p.config.delimiters) if p.judged else []
+        for row, n, p in zip(rows, draft_lens, policies)
+    ]
+    return ProbePlan(
+        drafts=drafts_host,
+        draft_lens=torch.tensor(draft_lens, dtype=torch.int64),
+        judged=torch.tensor([p.judged for p in policies], dtype=torch.bool),
+        bounds=torch.tensor([b + [0] * (length - len(b)) for b in bounds], dtype=torch.int64).view(len(rows), length),
+    )
+
+
 def plan_window(
     *,
     drafts: torch.Tensor,
@@ -82,18 +116,18 @@ def plan_window(
     suffix_ids: Optional[torch.Tensor],
     fixed_probes: Optional[int],
     full_mask_form: bool,
+    share: Callable[[ProbePlan], ProbePlan] = lambda plan: plan,
 ) -> Window:
     """drafts [bs, L] and last_tokens / prefix_lens [bs] on the device, drafts_host the
     same drafts on the host; suffix_ids [m] on the device (None: no judge on this server);
-    fixed_probes: K_max for a fixed window, None for the batch's own K."""
+    fixed_probes: K_max for a fixed window, None for the batch's own K; share: the plan
+    every rank builds its window from (`TpSync.share_plan`: rank 0's)."""
     device = drafts.device
     length = drafts.shape[1]
-    rows = drafts_host.tolist()
-    draft_lens = [0 if p.sampled else cut_at_stop(row[: p.budget], p.stop_ids) for row, p in zip(rows, policies)]
-    bounds = [
-        draft_boundaries(tokenizer, row[:n], p.config.probe_stride, p.config.delimiters) if p.judged else []
-        for row, n, p in zip(rows, draft_lens, policies)
-    ]
+    plan = share(place_probes(drafts_host, policies, tokenizer))
+    if plan.drafts is not drafts_host:  # another rank's drafts
+        drafts = plan.drafts.to(device)
+    bounds = plan.real_bounds()
     num_probes = max(map(len, bounds)) if fixed_probes is None else fixed_probes
     window_bounds = [with_padding_probes(b, num_probes, length) for b in bounds]
     shape = WindowShape(length, num_probes, len(suffix_ids) if num_probes else 0)
@@ -105,16 +139,16 @@ def plan_window(
             prefix_lens=prefix_lens,
             prefix_sum=prefix_sum,
             chain_tokens=chain_tokens,
-            boundaries=torch.tensor(window_bounds, dtype=torch.int64).view(len(rows), num_probes).to(device),
+            boundaries=torch.tensor(window_bounds, dtype=torch.int64).view(len(bounds), num_probes).to(device),
             suffix_ids=suffix_ids if suffix_ids is not None else torch.zeros(0, dtype=torch.int64, device=device),
             full_mask_form=full_mask_form,
         ),
         shape=shape,
         chain_tokens=chain_tokens,
-        draft_lens=torch.tensor(draft_lens, device=device),
+        draft_lens=plan.draft_lens.to(device),
         boundaries=pad_ragged(bounds, 0, torch.int64).to(device),
         probe_slots=pad_ragged(probe_slots, 0, torch.int64).to(device),
-        judged=torch.tensor([p.judged for p in policies], device=device),
+        judged=plan.judged.to(device),
         sampled=torch.tensor([p.sampled for p in policies], device=device),
         thresholds=torch.tensor([p.config.threshold for p in policies], device=device),
         configs=[p.config for p in policies],

@@ -65,6 +65,7 @@ from parse_sglang.settings import (
     verify_window_max,
 )
 from parse_sglang.target_phase import in_target_phase, target_phase_limits, update_target_phases
+from parse_sglang.tp_sync import TpSync
 from parse_sglang.verify_input import ChainView
 from parse_sglang.window_plan import RequestPolicy, Window, plan_window
 
@@ -125,6 +126,7 @@ class ParseWorker(BaseSpecWorker):
         self.full_mask = default_tree_mask_mode().name == "FULL_MASK"
         self._draft_worker = DraftChain(server_args, gpu_id, nccl_port, target_worker, self.config.draft_budget)
         self.totals = ServerTotals()  # get_server_info()'s "parse" entry
+        self.tp = TpSync.of_tp_group()  # rank 0's plan and decisions on every TP rank
         logger.info(
             "PARSE worker: L=%d, probe_stride=%d, judge=%s, threshold=%.3f, probe suffix m=%d, N_max=%d, window=%s",
             self.config.draft_budget,
@@ -146,6 +148,7 @@ class ParseWorker(BaseSpecWorker):
         window = self._plan_window(committed, drafts, policies)  # 2.-5. boundaries, probes, mask
         chain_logits, probe_logits, verify_graphed = self._verify(batch, committed, window)  # 6. ONE forward
         accepted = self._accept(batch, window, chain_logits, probe_logits)  # 7.-8. read, accept
+        accepted = self.tp.share_accepted(accepted)  # TP: rank 0's decisions on every rank
         graphed = draft_graphed and verify_graphed
         self._record_stats(batch.reqs, window, accepted, graphed)
         self._update_target_phases(batch.reqs, window, accepted)
@@ -171,6 +174,7 @@ class ParseWorker(BaseSpecWorker):
             suffix_ids=self.suffix_ids,
             fixed_probes=max_probes(self.config) if self._fixed_window() else None,
             full_mask_form=self.full_mask,
+            share=self.tp.share_plan,  # TP: rank 0's drafts and boundaries on every rank
         )
 
     def _verify(self, batch: ScheduleBatch, committed: Committed, window: Window):
