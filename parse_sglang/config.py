@@ -8,6 +8,7 @@ from typing import Any, Mapping
 
 from parse_sglang.judge import DEFAULT_QUESTION
 
+ALGORITHM = "PARSE"  # the name SGLang knows the algorithm by (--speculative-algorithm)
 DEFAULT_DELIMITERS = ("\n", ". ", "? ", "! ")
 AFTER_REJECTION_POLICIES = ("redraft", "target_to_delimiter")
 VERIFY_WINDOWS = ("auto", "fixed", "variable")

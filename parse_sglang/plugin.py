@@ -9,6 +9,12 @@ installs only add capabilities, so stock behaviour is unchanged on GPU machines.
 Each module in `INSTALLERS` (to add one, append it) has `HOOKED_SIGNATURES` (dotted SGLang
 name -> the `inspect.signature` string it was written against) and `install() -> str`
 (idempotent, returns a line saying what it installed).
+
+Some SGLang tools resolve server arguments before they call `load_plugins()`
+(`python -m sglang.benchmark.offline_throughput`). For them the start-up hook
+`parse_sglang_startup` (installed with the package) calls `register_early()` as soon as a
+process has imported `sglang.srt.server_args`: the part of the plugin that resolving server
+arguments needs. `register()` later installs the rest, as always.
 """
 
 from __future__ import annotations
@@ -43,6 +49,28 @@ def check_signatures(expected: dict[str, str]) -> None:
                 f"{dotted}: expected signature {want}, found {found}. parse-sglang was written "
                 "against sglang 0.5.23; this SGLang changed an internal it patches."
             )
+
+
+def register_early() -> str:
+    """What resolving SGLang server arguments needs, and nothing else: PARSE in SGLang's
+    speculative registry and the `--parse-config` flag on `ServerArgs`; idempotent.
+
+    Safe while SGLang is half-way through importing its modules (the start-up hook runs it
+    right after `sglang.srt.server_args` executed, possibly inside the import of the
+    scheduler): it imports `sglang.srt.speculative.spec_info`, whose own imports are loaded
+    by then, and patches only `ServerArgs`. The scheduler and tokenizer-manager hooks patch
+    modules that may be half-imported at that moment, so they wait for `register()`.
+    """
+    from sglang.srt.plugins.hook_registry import HookRegistry
+
+    from parse_sglang import spec_algo
+    from parse_sglang.scheduler_patches import cli_settings
+
+    check_signatures({**spec_algo.REGISTRATION_SIGNATURES, **cli_settings.CLI_SIGNATURES})
+    spec_algo.register_algorithm()
+    cli_settings.install_cli()
+    HookRegistry.apply_hooks()
+    return f"speculative algorithm {spec_algo.ALGORITHM} and {cli_settings.CLI_FLAG}"
 
 
 def register() -> list[str]:

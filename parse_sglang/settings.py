@@ -31,7 +31,7 @@ REQUEST_WHERE = f'custom_params["{REQUEST_KEY}"]'
 # Settings a request may change; the others shape the verify window every request shares.
 REQUEST_SETTINGS = ("draft_budget", "probe_stride", "threshold", "judge", "after_rejection")
 # Per-request output options (booleans, default false). return_probe_scores: meta_info["parse"]
-# also gets "probe_scores", one entry per round (scheduler_patches/request_stats.py).
+# also gets "probe_scores", one entry per round (parse_sglang/counters.py).
 RETURN_PROBE_SCORES = "return_probe_scores"
 REQUEST_OUTPUTS = (RETURN_PROBE_SCORES,)
 

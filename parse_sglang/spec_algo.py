@@ -1,8 +1,10 @@
 """`--speculative-algorithm PARSE`: its registration with SGLang and its server settings.
 
 `install()` (called by the plugin entry point in every SGLang process) registers PARSE
-with `SpeculativeAlgorithm.register` and installs the SGLang hooks PARSE needs. At launch
-SGLang then calls, on the stand-in record of its resolution pipeline:
+with `SpeculativeAlgorithm.register` (`register_algorithm()`, which the start-up hook
+`parse_sglang_startup` also calls as soon as a process imports SGLang's server arguments)
+and installs the SGLang hooks PARSE needs. At launch SGLang then calls, on the stand-in
+record of its resolution pipeline:
 - `validate_parse_server_args`: refuses what PARSE cannot run with, naming the setting;
 - `ParseSpecAlgo.handle_server_args`: declares the settings PARSE runs with (sync
   scheduling, chain drafts, L+1 chain rows) and, with decode CUDA graphs on, logs and
@@ -20,10 +22,13 @@ from sglang.srt.arg_groups.overrides import resolving_view
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 from sglang.srt.speculative.spec_registry import CustomSpecAlgo, get_spec
 
+from parse_sglang.config import ALGORITHM
 from parse_sglang.graph_memory import GraphReservations, check_fits
 from parse_sglang.scheduler_patches import (
     cli_settings,
+    decode_log,
     logits_rows,
+    metrics,
     request_settings,
     request_stats,
     server_info,
@@ -33,15 +38,17 @@ from parse_sglang.settings import fixed_window_shape, judge_probe_for, server_pa
 
 logger = logging.getLogger(__name__)
 
-ALGORITHM = "PARSE"
-HOOK_MODULES = (logits_rows, cli_settings, request_settings, request_stats, server_info, verify_graph)
+HOOK_MODULES = (logits_rows, cli_settings, request_settings, request_stats, server_info, metrics, decode_log, verify_graph)
 
-HOOKED_SIGNATURES = {
+REGISTRATION_SIGNATURES = {
     "sglang.srt.speculative.spec_info.SpeculativeAlgorithm.register": (
         "(name: 'str', *, supports_overlap: 'bool' = False, validate_server_args: "
         "'Optional[ServerArgsValidator]' = None, spec_class: 'Type[CustomSpecAlgo]' = "
         "<class 'sglang.srt.speculative.spec_registry.CustomSpecAlgo'>) -> 'Callable[[WorkerFactory], WorkerFactory]'"
     ),
+}
+HOOKED_SIGNATURES = {
+    **REGISTRATION_SIGNATURES,
     **{name: sig for module in HOOK_MODULES for name, sig in module.HOOKED_SIGNATURES.items()},
 }
 
@@ -221,8 +228,8 @@ def parse_worker_class(server_args):
     return ParseWorker
 
 
-def install() -> str:
-    """Register PARSE (once per process) and its hooks; returns what was installed."""
+def register_algorithm() -> None:
+    """`--speculative-algorithm PARSE` in SGLang's registry (once per process)."""
     if get_spec(ALGORITHM) is None:
         SpeculativeAlgorithm.register(
             ALGORITHM,
@@ -230,5 +237,10 @@ def install() -> str:
             validate_server_args=validate_parse_server_args,
             spec_class=ParseSpecAlgo,
         )(parse_worker_class)
+
+
+def install() -> str:
+    """Register PARSE (once per process) and its hooks; returns what was installed."""
+    register_algorithm()
     hooks = "; ".join(module.install() for module in HOOK_MODULES)
     return f"speculative algorithm {ALGORITHM} (parse_sglang.worker.ParseWorker); {hooks}"

@@ -50,10 +50,9 @@ from sglang.srt.utils import is_cpu
 
 from parse_sglang.acceptance import accept_lengths
 from parse_sglang.config import ParseConfig
+from parse_sglang.counters import ServerTotals, record_round
 from parse_sglang.draft_chain import DraftChain
 from parse_sglang.judge import judge_scores
-from parse_sglang.scheduler_patches.request_stats import record_round
-from parse_sglang.scheduler_patches.server_info import ServerTotals
 from parse_sglang.settings import (
     RETURN_PROBE_SCORES,
     judge_probe_for,
@@ -367,14 +366,17 @@ class ParseWorker(BaseSpecWorker):
         ).to(torch.int64)
 
     def _record_stats(self, reqs, window: Window, accepted: Accepted, graphed: bool) -> None:
-        """Per-request counters (meta_info["parse"], scheduler_patches/request_stats.py) and
-        the server's totals (get_server_info, scheduler_patches/server_info.py)."""
+        """Per-request counters (meta_info["parse"]) and the server's totals (get_server_info,
+        /metrics): parse_sglang/counters.py. Judge probes: the real ones (boundary > 0)."""
         draft_lens, exact, judged = window.draft_lens.tolist(), accepted.exact.tolist(), accepted.judged.tolist()
+        real_probes = window.boundaries > 0
+        probe_counts = real_probes.sum(dim=1).tolist()
+        scores = accepted.scores[real_probes].tolist() if accepted.scores is not None else []
         new_requests = 0
         for i, req in enumerate(reqs):
             probes = _probe_round(window, accepted, i) if RETURN_PROBE_SCORES in req.parse_outputs else None
-            new_requests += record_round(req, draft_lens[i], exact[i], judged[i], probes)
-        self.totals.add_pass(new_requests, len(reqs), sum(draft_lens), sum(exact), sum(judged), graphed)
+            new_requests += record_round(req, draft_lens[i], exact[i], judged[i], probe_counts[i], probes)
+        self.totals.add_pass(new_requests, len(reqs), sum(draft_lens), sum(exact), sum(judged), scores, graphed)
 
     def _result(self, batch, committed: Committed, window: Window, accepted: Accepted, chain_logits, graphed: bool):
         """What SGLang's scheduler commits; `graphed` (the draft chain and the verify both ran

@@ -70,17 +70,20 @@ def cli_args(kwargs: dict) -> list[str]:
 
 
 @contextlib.contextmanager
-def launched_server(model_path, log_dir, env: dict, timeout: float = 180.0, **overrides):
-    """`python -m parse_sglang.launch_server` on 127.0.0.1 and a free port with the tiny-model CPU
-    settings of `conftest.engine_kwargs(model_path, **overrides)` as flags (log level info: SGLang's
-    memory-check lines are read back), from `clean_env(**env)`; yields the healthy `Server`,
-    kills what is left of it on exit."""
+def launched_server(
+    model_path, log_dir, env: dict, timeout: float = 180.0, python: str = sys.executable,
+    module: str = "parse_sglang.launch_server", **overrides,
+):  # fmt: skip
+    """`python -m parse_sglang.launch_server` (or `module`, run by `python`) on 127.0.0.1 and a free
+    port with the tiny-model CPU settings of `conftest.engine_kwargs(model_path, **overrides)` as
+    flags (log level info: SGLang's memory-check lines are read back), from `clean_env(**env)`;
+    yields the healthy `Server`, kills what is left of it on exit."""
     port = free_port()
     args = cli_args(engine_kwargs(model_path, host="127.0.0.1", port=port, log_level="info", **overrides))
     log_path = log_dir / "server.log"
     with open(log_path, "w") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "parse_sglang.launch_server", *args],
+            [python, "-m", module, *args],
             stdout=log, stderr=subprocess.STDOUT, env=clean_env(**env), start_new_session=True,
         )  # fmt: skip
     server = Server(proc, f"http://127.0.0.1:{port}", log_path)

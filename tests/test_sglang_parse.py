@@ -25,7 +25,7 @@ import torch
 from conftest import BATCH_PROMPTS, engine_kwargs, hf_greedy
 from parse_sglang.config import ParseConfig
 from parse_sglang.demo import parse_engine_kwargs
-from parse_sglang.scheduler_patches.request_stats import COUNTERS
+from parse_sglang.counters import COUNTERS
 
 pytestmark = pytest.mark.sglang
 

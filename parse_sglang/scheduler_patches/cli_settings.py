@@ -32,11 +32,11 @@ FROM_CLI_ARGS = "sglang.srt.server_args.ServerArgs.from_cli_args"
 ENGINE_KEYWORD = "parse_config"
 CLI_FLAG = "--parse-config"
 
-HOOKED_SIGNATURES = {
+CLI_SIGNATURES = {
     ADD_CLI_ARGS: "(parser: 'argparse.ArgumentParser')",
     FROM_CLI_ARGS: "(args: 'argparse.Namespace')",
-    "sglang.srt.entrypoints.engine.Engine.__init__": "(self, **kwargs)",
 }
+HOOKED_SIGNATURES = {**CLI_SIGNATURES, "sglang.srt.entrypoints.engine.Engine.__init__": "(self, **kwargs)"}
 
 
 def add_parse_flag(result, parser: argparse.ArgumentParser):
@@ -70,14 +70,21 @@ def _server_args_with_parse_config(build):
     return staticmethod(server_args_class)
 
 
-def install() -> str:
-    from sglang.srt.entrypoints.engine import Engine
-
+def install_cli() -> None:
+    """The `--parse-config` hooks alone (registered, applied by HookRegistry.apply_hooks): all
+    they touch is `sglang.srt.server_args`, so the start-up hook installs them as soon as that
+    module exists."""
     register_hooks_once(
         __name__,
         (ADD_CLI_ARGS, add_parse_flag, HookType.AFTER),
         (FROM_CLI_ARGS, store_parse_flag, HookType.AFTER),
     )
+
+
+def install() -> str:
+    from sglang.srt.entrypoints.engine import Engine
+
+    install_cli()
     if not hasattr(Engine.server_args_class, "parse_sglang_builds"):
         Engine.server_args_class = _server_args_with_parse_config(Engine.server_args_class)
     return f"{CLI_FLAG} flag and sglang.Engine({ENGINE_KEYWORD}=...) keyword -> server_args._parse_config"

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from sglang.srt.plugins.hook_registry import HookType
 
+from parse_sglang.config import ALGORITHM
 from parse_sglang.scheduler_patches import register_hooks_once
 
 RUNNER = "sglang.srt.model_executor.runner.decode_cuda_graph_runner.DecodeCudaGraphRunner"
@@ -43,8 +44,6 @@ HOOKED_SIGNATURES = {
 
 def _parse_window(spec_algorithm, is_draft_worker: bool):
     """The fixed PARSE window shape of this process's server, or None (not a PARSE target)."""
-    from parse_sglang.spec_algo import ALGORITHM
-
     if is_draft_worker or not spec_algorithm.is_speculative() or spec_algorithm.name != ALGORITHM:
         return None
     from sglang.srt.runtime_context import get_model, get_server_args, get_serving, get_spec

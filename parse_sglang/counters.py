@@ -1,0 +1,143 @@
+"""PARSE's counters: per request (`meta_info["parse"]`) and per server (`get_server_info()`,
+`/metrics`).
+
+The worker counts here (`record_round`, `ServerTotals.add_pass`); the scheduler patches publish
+what is counted (`scheduler_patches/request_stats.py`, `server_info.py`, `metrics.py`). This
+module imports neither of them, nor SGLang, so the package has no import circle.
+
+Per request, a plain dict of ints, `meta_info["parse"]`:
+
+    {"rounds": int, "verify_passes": int, "draft_tokens": int,
+     "accepted_exact": int, "accepted_judged": int, "judge_probes": int}
+
+`accepted_exact`: draft tokens the target's own next tokens confirmed; `accepted_judged`: draft
+tokens accepted beyond that exact-match prefix because the judge said yes; `verify_passes`:
+target verify forwards the request took part in (one per round); `judge_probes`: the judge
+probes its rounds asked (a round's real probes; the padding probes that keep one window width
+across a batch are not counted). With `custom_params={"parse": {"return_probe_scores": true}}`
+the dict also holds `"probe_scores"`: one entry per round, `{"draft": [ids], "accepted": a,
+"probes": [[b, p], ...]}` - the draft tokens the round verified, how many of them it accepted,
+and every real probe's boundary b and judge score p (no probes: judge off for that round).
+
+Per server, `ServerTotals.summary()`, counted since startup:
+
+    {"requests": int,            # requests that ran at least one PARSE round
+     "rounds": int,              # request-rounds (a request's draft + verify + accept)
+     "verify_passes": int,       # target verify forwards (one per batch round)
+     "graph_passes": int,        # batch rounds whose draft chain and verify both replayed a graph
+     "draft_tokens": int, "accepted_exact": int, "accepted_judged": int, "judge_probes": int,
+     "emitted_tokens": int,      # accepted drafts + one bonus token per request-round
+     "tokens_per_round": float,  # = SGLang's avg_spec_accept_length over the same rounds
+     "tokens_per_verify_pass": float, "draft_tokens_per_round": float,
+     "acceptance_rate": float,   # (accepted_exact + accepted_judged) / draft_tokens
+     "judged_share": float}      # accepted_judged / all accepted draft tokens
+
+Averages are 0.0 before the first round. emitted_tokens counts what the rounds produced; SGLang
+drops the part of a round past a stop or max_new_tokens from the response.
+
+`export_to(exporter)` adds a second destination for every verify pass (the Prometheus metrics
+of `scheduler_patches/metrics.py`, in a scheduler process with `--enable-metrics`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import Optional, Protocol, Sequence
+
+STATS_KEY = "parse"
+COUNTERS = ("rounds", "verify_passes", "draft_tokens", "accepted_exact", "accepted_judged", "judge_probes")
+PROBE_SCORES = "probe_scores"
+
+
+def record_round(
+    req, draft_tokens: int, exact: int, judged: int, judge_probes: int, probe_round: Optional[dict]
+) -> bool:
+    """Count one round of `req` and publish its counters; returns True on its first round.
+
+    probe_round: the round's `probe_scores` entry, for requests that asked for them.
+    """
+    stats = getattr(req, "parse_stats", None)
+    first = stats is None
+    if first:
+        stats = req.parse_stats = dict.fromkeys(COUNTERS, 0)
+    stats["rounds"] += 1
+    stats["verify_passes"] += 1
+    stats["draft_tokens"] += draft_tokens
+    stats["accepted_exact"] += exact
+    stats["accepted_judged"] += judged
+    stats["judge_probes"] += judge_probes
+    if probe_round is not None:
+        stats.setdefault(PROBE_SCORES, []).append(probe_round)
+    if req.customized_info is None:
+        req.customized_info = {}
+    req.customized_info[STATS_KEY] = [stats]  # pickled when the request's output is sent
+    return first
+
+
+class Exporter(Protocol):
+    def add_pass(self, counts: dict[str, int], probe_scores: Sequence[float]) -> None:
+        """One verify pass: `counts` maps each ServerTotals field to its increment."""
+
+
+_exporter: Optional[Exporter] = None
+
+
+def export_to(exporter: Optional[Exporter]) -> None:
+    """Send every later verify pass of this process to `exporter` too (None: stop)."""
+    global _exporter
+    _exporter = exporter
+
+
+@dataclass
+class ServerTotals:
+    """Counters a PARSE worker keeps over every round it runs (host ints)."""
+
+    requests: int = 0
+    rounds: int = 0
+    verify_passes: int = 0
+    graph_passes: int = 0
+    draft_tokens: int = 0
+    accepted_exact: int = 0
+    accepted_judged: int = 0
+    judge_probes: int = 0
+
+    def add_pass(
+        self,
+        new_requests: int,
+        rounds: int,
+        draft_tokens: int,
+        exact: int,
+        judged: int,
+        probe_scores: Sequence[float],
+        graphed: bool,
+    ) -> None:
+        """One verify pass over a batch of `rounds` requests; probe_scores: the judge score of
+        each real probe of the pass; graphed: its draft chain and verify replayed graphs."""
+        counts = dict(
+            requests=new_requests, rounds=rounds, verify_passes=1, graph_passes=int(graphed), draft_tokens=draft_tokens,
+            accepted_exact=exact, accepted_judged=judged, judge_probes=len(probe_scores),
+        )  # fmt: skip
+        for name, increment in counts.items():
+            setattr(self, name, getattr(self, name) + increment)
+        if _exporter is not None:
+            _exporter.add_pass(counts, probe_scores)
+
+    def summary(self) -> dict:
+        accepted = self.accepted_exact + self.accepted_judged
+        emitted = accepted + self.rounds
+        return {
+            **asdict(self),
+            "emitted_tokens": emitted,
+            "tokens_per_round": _ratio(emitted, self.rounds),
+            "tokens_per_verify_pass": _ratio(emitted, self.verify_passes),
+            "draft_tokens_per_round": _ratio(self.draft_tokens, self.rounds),
+            "acceptance_rate": _ratio(accepted, self.draft_tokens),
+            "judged_share": _ratio(self.accepted_judged, accepted),
+        }
+
+
+TOTALS = tuple(field.name for field in fields(ServerTotals))
+
+
+def _ratio(num: int, den: int) -> float:
+    return num / den if den else 0.0

@@ -1,0 +1,102 @@
+"""PARSE's counters (parse_sglang/counters.py) without SGLang, and the package's import graph."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from parse_sglang import counters
+from parse_sglang.counters import COUNTERS, TOTALS, ServerTotals, record_round
+
+PACKAGE = Path(counters.__file__).resolve().parent
+
+
+class _Req:
+    customized_info = None
+
+
+class _Exporter:
+    def __init__(self):
+        self.passes = []
+
+    def add_pass(self, counts, probe_scores):
+        self.passes.append((counts, list(probe_scores)))
+
+
+def test_request_and_server_counters_agree():
+    reqs, totals = [_Req(), _Req()], ServerTotals()
+    rounds = [  # per pass: (draft tokens, exact, judged, judge probes) per request, probe scores
+        ([(4, 2, 1, 2), (4, 0, 0, 1)], [0.9, 0.1, 0.2]),
+        ([(4, 4, 0, 0), (3, 1, 2, 2)], [0.6, 0.7]),
+    ]
+    for per_req, scores in rounds:
+        new = sum(record_round(req, *counts, None) for req, counts in zip(reqs, per_req))
+        totals.add_pass(new, len(reqs), *(sum(c[k] for c in per_req) for k in range(3)), scores, graphed=True)
+    stats = [req.customized_info[counters.STATS_KEY][0] for req in reqs]
+    assert stats[0] == dict(zip(COUNTERS, (2, 2, 8, 6, 1, 2))) and stats[1] == dict(zip(COUNTERS, (2, 2, 7, 1, 2, 3)))
+    assert totals.requests == 2 and totals.verify_passes == totals.graph_passes == 2 and totals.rounds == 4
+    for name in ("draft_tokens", "accepted_exact", "accepted_judged", "judge_probes"):
+        assert getattr(totals, name) == sum(s[name] for s in stats), name
+    summary = totals.summary()
+    assert summary["emitted_tokens"] == 10 + 4 and summary["tokens_per_round"] == 14 / 4
+    assert summary["judged_share"] == 3 / 10
+
+
+def test_exporter_receives_every_pass(monkeypatch):
+    exporter = _Exporter()
+    monkeypatch.setattr(counters, "_exporter", None)
+    counters.export_to(exporter)
+    totals = ServerTotals()
+    totals.add_pass(2, 2, 8, 3, 1, [0.25, 0.75], graphed=True)
+    totals.add_pass(0, 1, 4, 4, 0, [], graphed=False)
+    assert [counts for counts, _ in exporter.passes] == [
+        dict(zip(TOTALS, (2, 2, 1, 1, 8, 3, 1, 2))),
+        dict(zip(TOTALS, (0, 1, 1, 0, 4, 4, 0, 0))),
+    ]
+    assert exporter.passes[0][1] == [0.25, 0.75]
+    assert set(exporter.passes[0][0]) == set(TOTALS)
+    for name in TOTALS:
+        assert getattr(totals, name) == sum(counts[name] for counts, _ in exporter.passes)
+
+
+def _imports(path: Path) -> set[str]:
+    """parse_sglang modules `path` imports, at module level or inside functions."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("parse_sglang"):
+            found.add(node.module)
+            found.update(f"{node.module}.{a.name}" for a in node.names)
+        elif isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.startswith("parse_sglang"))
+    return found
+
+
+def test_package_has_no_import_circle():
+    modules = {}
+    for path in PACKAGE.rglob("*.py"):
+        if "standin_" in str(path):
+            continue
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        modules[name] = path
+    graph = {name: {m for m in _imports(path) if m in modules and m != name} for name, path in modules.items()}
+    # A package's own __init__ is imported before its submodules: an edge from it is fine, not one to it.
+    graph = {name: {m for m in deps if not name.startswith(m + ".")} for name, deps in graph.items()}
+    state: dict[str, int] = {}
+
+    def visit(name, trail):
+        if state.get(name) == 1:
+            pytest.fail("import circle: " + " -> ".join([*trail[trail.index(name):], name]))
+        if state.get(name) == 2:
+            return
+        state[name] = 1
+        for dep in sorted(graph[name]):
+            visit(dep, [*trail, name])
+        state[name] = 2
+
+    for name in sorted(graph):
+        visit(name, [])
+    assert "parse_sglang.worker" in graph["parse_sglang.spec_algo"]  # the graph does see imports inside functions
+    assert "parse_sglang.counters" in graph["parse_sglang.worker"]

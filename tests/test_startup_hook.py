@@ -1,0 +1,57 @@
+"""The start-up hook's mechanics (parse_sglang_startup), without SGLang: its finder runs the
+callbacks around the one module it waits for and then leaves. What it does with SGLang (PARSE
+registered, CPU runtime on, SGLang's commands unchanged) is tested in test_sglang_tools.py."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+import pytest
+
+import parse_sglang_startup as startup
+
+
+def test_finder_runs_callbacks_around_the_module_then_leaves(tmp_path, monkeypatch):
+    name = "parse_startup_probe_pkg"
+    (tmp_path / name).mkdir()
+    (tmp_path / name / "__init__.py").write_text("import sys\nsys._parse_probe_events.append('exec')\nVALUE = 42\n")
+    (tmp_path / name / "inner.py").write_text("import sys\nsys._parse_probe_events.append('exec inner')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    events = []
+    monkeypatch.setattr(sys, "_parse_probe_events", events, raising=False)
+    hook = startup.ImportHook()
+    hook.pending = {name: (lambda: events.append("before"), None), f"{name}.inner": (None, lambda: events.append("after"))}
+    monkeypatch.setattr(startup, "_hook", hook)
+    sys.meta_path.insert(0, hook)
+    try:
+        module = importlib.import_module(name)
+        assert hook in sys.meta_path  # still waiting for the second module
+        importlib.import_module(f"{name}.inner")
+    finally:
+        for key in [k for k in sys.modules if k.startswith(name)]:
+            del sys.modules[key]
+    assert events == ["before", "exec", "exec inner", "after"]
+    assert hook not in sys.meta_path and startup._hook is None and hook.pending == {}
+    assert module.VALUE == 42
+    # The module keeps its real loader: source, reload and the like work as usual.
+    assert type(module.__loader__).__name__ == "SourceFileLoader" and module.__spec__.loader is module.__loader__
+
+
+def test_a_module_that_does_not_exist_is_left_to_python():
+    hook = startup.ImportHook()
+    hook.pending = {"parse_startup_no_such_module": (None, None)}
+    assert hook.find_spec("parse_startup_no_such_module") is None
+    assert "parse_startup_no_such_module" in hook.pending  # still waiting
+
+
+@pytest.mark.parametrize(
+    "value, allowed", [(None, True), ("", True), ("parse", True), ("other, parse", True), ("other", False)]
+)
+def test_sglang_plugins_whitelist_is_honoured(monkeypatch, value, allowed):
+    if value is None:
+        monkeypatch.delenv("SGLANG_PLUGINS", raising=False)
+    else:
+        monkeypatch.setenv("SGLANG_PLUGINS", value)
+    assert startup.plugin_allowed() is allowed
+    assert (startup.SERVER_ARGS in startup.ImportHook().pending) is allowed
