@@ -22,22 +22,13 @@ import re
 import pytest
 import torch
 
-from conftest import PROMPTS, engine_kwargs, hf_greedy
+from conftest import BATCH_PROMPTS, PROMPTS, engine_kwargs, hf_greedy
 from parse_sglang.config import ParseConfig
 from parse_sglang.demo import parse_engine_kwargs
 from parse_sglang.scheduler_patches.request_stats import COUNTERS
 
 pytestmark = pytest.mark.sglang
 
-# Prompts of different lengths for the batch tests (>= 8, sent in one generate call).
-BATCH_PROMPTS = PROMPTS + [
-    "A",
-    "Is the answer correct? Yes. Is the answer correct?",
-    "red green red green red green red green red green red green red",
-    "the cat and the dog and the sun and the moon",
-    "Finally, the result value equals three plus four, so the total is",
-    "We add the numbers first, then we print the total value. " * 12 + "So",  # chunked prefill
-]
 MAX_NEW = 32
 LOSSLESS = ParseConfig(draft_budget=4, judge=False)
 JUDGED = ParseConfig(draft_budget=6, probe_stride=2, threshold=0.0)
