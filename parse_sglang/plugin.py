@@ -8,7 +8,10 @@ installs only add capabilities, so stock behaviour is unchanged on GPU machines.
 
 Each module in `INSTALLERS` (to add one, append it) has `HOOKED_SIGNATURES` (dotted SGLang
 name -> the `inspect.signature` string it was written against) and `install() -> str`
-(idempotent, returns a line saying what it installed).
+(idempotent, returns a line saying what it installed). `OPT_IN_INSTALLERS` are installed
+only in processes where their condition holds (the FlashInfer-on-CPU patch: where `import
+flashinfer` loads parse_sglang's CPU stand-in, which only `parse_sglang.cpu.enable_flashinfer_standin()`
+puts on the import path).
 
 Some SGLang tools resolve server arguments before they call `load_plugins()`
 (`python -m sglang.benchmark.offline_throughput`). For them the start-up hook
@@ -32,6 +35,11 @@ INSTALLERS = [
     "parse_sglang.scheduler_patches.cpu_graphs",  # inert unless parse_sglang.cpu.CPU_GRAPHS_ENV asks
     "parse_sglang.spec_algo",
 ]
+
+# module -> "module:function" returning whether this process needs it
+OPT_IN_INSTALLERS = {
+    "parse_sglang.scheduler_patches.flashinfer_on_cpu": "parse_sglang.cpu:flashinfer_standin_active",
+}
 
 _installed: list[str] | None = None
 
@@ -83,7 +91,8 @@ def register() -> list[str]:
         return _installed
     from sglang.srt.plugins.hook_registry import HookRegistry
 
-    modules = [importlib.import_module(name) for name in INSTALLERS]
+    wanted = INSTALLERS + [name for name, condition in OPT_IN_INSTALLERS.items() if pkgutil.resolve_name(condition)()]
+    modules = [importlib.import_module(name) for name in wanted]
     for module in modules:
         check_signatures(module.HOOKED_SIGNATURES)
     installed = [module.install() for module in modules]

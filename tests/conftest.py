@@ -29,15 +29,15 @@ PROMPTS = [
     "one two three four one two three four one two",
 ]
 MAX_NEW_TOKENS = 32
-
-# Prompts of different lengths for the batch tests (>= 8, sent in one generate call).
+# Prompts of different lengths for the batch tests (>= 10, sent in one generate call); the
+# last one is longer than a 64-token prefill chunk.
 BATCH_PROMPTS = PROMPTS + [
     "A",
     "Is the answer correct? Yes. Is the answer correct?",
     "red green red green red green red green red green red green red",
     "the cat and the dog and the sun and the moon",
     "Finally, the result value equals three plus four, so the total is",
-    "We add the numbers first, then we print the total value. " * 12 + "So",  # chunked prefill
+    "We add the numbers first, then we print the total value. " * 12 + "So",
 ]
 
 

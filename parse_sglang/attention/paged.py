@@ -10,13 +10,21 @@ CPU PARSE needs an attention that reads exactly what FlashInfer's
 - otherwise causal=True is FlashInfer's bottom-right-aligned causal mask (query i of
   qo_len sees keys j <= i + kv_len - qo_len), and neither means full attention;
 - query head h reads KV head h // (Hq / Hk) (grouped-query attention);
-- a row that sees nothing yields zeros.
+- a row that sees nothing yields zeros;
+- with return_lse, also the log-sum-exp of each row's scaled scores in base 2, as
+  FlashInfer's kernels return it (`run(..., return_lse=True)`, `merge_state`): log2 of the
+  sum of exp(scores), -inf for a row that sees nothing.
 """
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
+
+
+LOG2_E = 1.0 / math.log(2.0)  # natural-log LSE -> FlashInfer's base-2 LSE
 
 
 def paged_prefill_attention(
@@ -29,8 +37,10 @@ def paged_prefill_attention(
     custom_mask: Tensor | None = None,
     sm_scale: float | None = None,
     causal: bool = False,
-) -> Tensor:
-    """Attention of q [R, Hq, D] over paged k/v caches [num_slots, Hk, D] -> [R, Hq, D] in q's dtype.
+    return_lse: bool = False,
+) -> Tensor | tuple[Tensor, Tensor]:
+    """Attention of q [R, Hq, D] over paged k/v caches [num_slots, Hk, D] -> [R, Hq, D] in q's dtype
+    (and, with return_lse, the base-2 log-sum-exp [R, Hq] in fp32).
 
     Computed in fp32; one batched matmul over all rows and heads of a request, a loop over
     requests only.
@@ -63,6 +73,7 @@ def paged_prefill_attention(
     group = num_q_heads // num_kv_heads
     v_dim = v_cache.shape[-1]
     out = torch.empty(num_rows, num_q_heads, v_dim, dtype=q.dtype, device=q.device)
+    lse = torch.empty(num_rows, num_q_heads, dtype=torch.float32, device=q.device) if return_lse else None
     for b, (qo_len, kv_len) in enumerate(zip(qo_lens, kv_lens)):
         slots = kv_indices[kv_indptr[b] : kv_indptr[b + 1]].long()
         # [Hk, G, qo, D] x [Hk, kv, D] -> [Hk, G, qo, kv]
@@ -84,4 +95,8 @@ def paged_prefill_attention(
             weights = torch.softmax(scores, dim=-1)
         o_b = torch.einsum("hgqk,hkd->qhgd", weights, v_b)
         out[qo_indptr[b] : qo_indptr[b + 1]] = o_b.reshape(qo_len, num_q_heads, v_dim).to(q.dtype)
-    return out
+        if lse is not None:
+            # [Hk, G, qo] -> [qo, Hq]; logsumexp of a fully masked row is -inf
+            lse_b = torch.logsumexp(scores, dim=-1).permute(2, 0, 1).reshape(qo_len, num_q_heads)
+            lse[qo_indptr[b] : qo_indptr[b + 1]] = lse_b * LOG2_E
+    return (out, lse) if return_lse else out

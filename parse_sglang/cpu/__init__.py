@@ -8,12 +8,17 @@ detokenizer: via PYTHONPATH), and sets `SGLANG_USE_CPU_ENGINE=1`. Nothing happen
 it is called (or `python -m parse_sglang.launch_server` calls it), and it does nothing
 where CUDA is available. Call it before importing SGLang's runtime modules, which read
 the CPU flag once at import.
+
+Opt-in, for tests: `enable_flashinfer_standin()` adds a torch stand-in of `flashinfer`, so
+that an engine started with `attention_backend="flashinfer"` runs SGLang's real FlashInfer
+backend on CPU (see `enable_flashinfer_standin`); `disable_flashinfer_standin()` takes it off.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import importlib.machinery
+import importlib.util
 import logging
 import os
 import subprocess
@@ -33,6 +38,12 @@ CPU_ENGINE_ENV = "SGLANG_USE_CPU_ENGINE"
 # runners run on CPU with the eager-replay stand-in (scheduler_patches/cpu_graphs.py).
 # For tests of the GPU graph path; an engine also needs decode graphs left on.
 CPU_GRAPHS_ENV = "PARSE_CPU_GRAPHS"
+# Opt-in only, never installed by enable(): see enable_flashinfer_standin.
+FLASHINFER_STANDIN_DIR = str(_HERE / "standin_flashinfer")
+# SGLang's switch for its kernel-package version checks: with attention_backend="flashinfer"
+# it asserts the flashinfer_python distribution >= 0.7.2, which the stand-in is not.
+SKIP_KERNEL_VERSION_CHECK_ENV = "SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK"
+_env_before_standin: dict[str, str | None] = {}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,6 +89,17 @@ def _prepend_import_path(folder: str) -> None:
     parts = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     if folder not in parts:
         os.environ["PYTHONPATH"] = os.pathsep.join([folder, *parts])
+
+
+def _remove_import_path(folder: str) -> None:
+    """Undo _prepend_import_path."""
+    while folder in sys.path:
+        sys.path.remove(folder)
+    parts = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != folder]
+    if parts:
+        os.environ["PYTHONPATH"] = os.pathsep.join(parts)
+    else:
+        os.environ.pop("PYTHONPATH", None)
 
 
 def enable() -> CpuRuntimeStatus:
@@ -127,3 +149,63 @@ def engine_settings() -> dict:
     """`sglang.Engine` keyword arguments this machine needs: enables the CPU runtime and
     returns CPU_ENGINE_SETTINGS where there is no CUDA device, {} otherwise."""
     return dict(CPU_ENGINE_SETTINGS) if enable().active else {}
+
+
+def flashinfer_standin_active() -> bool:
+    """True when `import flashinfer` in this process loads the stand-in (it is on the import
+    path, or already imported). `parse_sglang.plugin` installs the FlashInfer-on-CPU patch of
+    SGLang (scheduler_patches/flashinfer_on_cpu.py) in exactly those processes."""
+    spec = importlib.util.find_spec("flashinfer")
+    return spec is not None and (spec.origin or "").startswith(FLASHINFER_STANDIN_DIR)
+
+
+def enable_flashinfer_standin() -> CpuRuntimeStatus:
+    """Put the torch stand-in of `flashinfer` first on the import path of this process and of
+    the SGLang processes it starts from now on (sys.path and PYTHONPATH), after `enable()`, and
+    set SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK=1 (SGLang otherwise asserts the flashinfer_python
+    distribution's version when an engine uses attention_backend="flashinfer").
+
+    Opt-in, for tests: an `sglang.Engine` started with `attention_backend="flashinfer"` then
+    runs SGLang's own FlashInfer backend (its plan / run calls, index updaters, verify and
+    draft metadata) with torch kernels (parse_sglang.cpu.flashinfer_ops, triton_ops), and the
+    plugin installs scheduler_patches/flashinfer_on_cpu.py in its processes. Engines with
+    other attention backends are unaffected. Inactive (changes nothing) where CUDA is
+    available: a GPU machine runs the real FlashInfer. Idempotent.
+    """
+    status = enable()
+    if not status.active:
+        return CpuRuntimeStatus(False, (), status.reason)
+    loaded = sys.modules.get("flashinfer")
+    if loaded is not None and not getattr(loaded, "PARSE_STANDIN", False):
+        raise RuntimeError(
+            f"flashinfer is already imported from {getattr(loaded, '__file__', '?')}; "
+            "enable_flashinfer_standin() must run before anything imports it"
+        )
+    _prepend_import_path(FLASHINFER_STANDIN_DIR)
+    _env_before_standin.setdefault(SKIP_KERNEL_VERSION_CHECK_ENV, os.environ.get(SKIP_KERNEL_VERSION_CHECK_ENV))
+    os.environ[SKIP_KERNEL_VERSION_CHECK_ENV] = "1"
+    logger.info(
+        "parse_sglang.cpu: FlashInfer stand-in on sys.path and PYTHONPATH (%s), %s=1",
+        FLASHINFER_STANDIN_DIR,
+        SKIP_KERNEL_VERSION_CHECK_ENV,
+    )
+    return CpuRuntimeStatus(True, ("flashinfer",), "opt-in FlashInfer stand-in on a CPU-only machine")
+
+
+def disable_flashinfer_standin() -> None:
+    """Take the stand-in off the import path and forget its imported modules, so that later
+    imports (and processes started later) see no `flashinfer`, as before. SGLang processes
+    already started with it keep it; the patch it brought into this process is undone."""
+    _remove_import_path(FLASHINFER_STANDIN_DIR)
+    for name, value in _env_before_standin.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+    _env_before_standin.clear()
+    patch = sys.modules.get("parse_sglang.scheduler_patches.flashinfer_on_cpu")
+    if patch is not None:
+        patch.uninstall()
+    for name in [m for m in sys.modules if m == "flashinfer" or m.startswith("flashinfer.")]:
+        if getattr(sys.modules[name], "__file__", "").startswith(FLASHINFER_STANDIN_DIR):
+            del sys.modules[name]
