@@ -22,7 +22,7 @@ import re
 import pytest
 import torch
 
-from conftest import BATCH_PROMPTS, engine_kwargs, hf_greedy
+from conftest import BATCH_PROMPTS, PROMPTS, engine_kwargs, hf_greedy
 from parse_sglang.config import ParseConfig
 from parse_sglang.demo import parse_engine_kwargs
 from parse_sglang.counters import COUNTERS

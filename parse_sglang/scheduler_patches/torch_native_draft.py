@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import torch
 from sglang.srt.plugins.hook_registry import HookType
-from sglang.srt.speculative.draft_utils import DraftBackendFactory
 
 from parse_sglang.scheduler_patches import register_hooks_once
 
