@@ -25,10 +25,12 @@ Per server, `ServerTotals.summary()`, counted since startup:
      "rounds": int,              # request-rounds (a request's draft + verify + accept)
      "verify_passes": int,       # target verify forwards (one per batch round)
      "graph_passes": int,        # batch rounds whose draft chain and verify both replayed a graph
+     "verify_rows": int,         # window rows the verify passes ran (each request's N = 1 + L + K*m)
      "draft_tokens": int, "accepted_exact": int, "accepted_judged": int, "judge_probes": int,
      "emitted_tokens": int,      # accepted drafts + one bonus token per request-round
      "tokens_per_round": float,  # = SGLang's avg_spec_accept_length over the same rounds
      "tokens_per_verify_pass": float, "draft_tokens_per_round": float,
+     "verify_rows_per_round": float,
      "acceptance_rate": float,   # (accepted_exact + accepted_judged) / draft_tokens
      "judged_share": float}      # accepted_judged / all accepted draft tokens
 
@@ -96,6 +98,7 @@ class ServerTotals:
     rounds: int = 0
     verify_passes: int = 0
     graph_passes: int = 0
+    verify_rows: int = 0
     draft_tokens: int = 0
     accepted_exact: int = 0
     accepted_judged: int = 0
@@ -110,11 +113,14 @@ class ServerTotals:
         judged: int,
         probe_scores: Sequence[float],
         graphed: bool,
+        verify_rows: int,
     ) -> None:
         """One verify pass over a batch of `rounds` requests; probe_scores: the judge score of
-        each real probe of the pass; graphed: its draft chain and verify replayed graphs."""
+        each real probe of the pass; graphed: its draft chain and verify replayed graphs;
+        verify_rows: the window rows it ran (rounds x N)."""
         counts = dict(
-            requests=new_requests, rounds=rounds, verify_passes=1, graph_passes=int(graphed), draft_tokens=draft_tokens,
+            requests=new_requests, rounds=rounds, verify_passes=1, graph_passes=int(graphed),
+            verify_rows=verify_rows, draft_tokens=draft_tokens,
             accepted_exact=exact, accepted_judged=judged, judge_probes=len(probe_scores),
         )  # fmt: skip
         for name, increment in counts.items():
@@ -131,6 +137,7 @@ class ServerTotals:
             "tokens_per_round": _ratio(emitted, self.rounds),
             "tokens_per_verify_pass": _ratio(emitted, self.verify_passes),
             "draft_tokens_per_round": _ratio(self.draft_tokens, self.rounds),
+            "verify_rows_per_round": _ratio(self.verify_rows, self.rounds),
             "acceptance_rate": _ratio(accepted, self.draft_tokens),
             "judged_share": _ratio(self.accepted_judged, accepted),
         }

@@ -56,7 +56,11 @@ def parse_engine_kwargs(draft_path, config: ParseConfig) -> dict:
         speculative_algorithm="PARSE",
         speculative_draft_model_path=str(draft_path),
         speculative_num_steps=config.draft_budget,
-        parse_config={"probe_stride": config.probe_stride, "threshold": config.threshold, "judge": config.judge},
+        parse_config={
+            name: value
+            for name, value in config.to_dict().items()
+            if name != "draft_budget" and value != getattr(ParseConfig, name)
+        },
     )
 
 

@@ -17,7 +17,7 @@ from typing import Sequence
 
 import torch
 
-from parse_sglang.acceptance import accept_lengths, emitted_tokens
+from parse_sglang.acceptance import accept_lengths, emitted_tokens, likelihood_scores, prefix_passes
 from parse_sglang.attention.layout import VerifyRequest, build_verify_layout
 from parse_sglang.boundaries import delimiter_ends, draft_boundaries
 from parse_sglang.config import ParseConfig
@@ -113,7 +113,7 @@ class ParseGenerator:
                 "PARSE needs a draft that shares the target's tokenizer"
             )
         self.target, self.draft, self.tokenizer, self.config = target, draft, tokenizer, config
-        self.probe = build_judge_probe(tokenizer, config.judge_question) if config.judge else None
+        self.probe = build_judge_probe(tokenizer, config.judge_question) if config.uses_probe else None
         eos = target.generation_config.eos_token_id
         eos = [eos] if isinstance(eos, int) else list(eos or [])
         self.eos_ids = sorted(set(eos) | ({tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()))
@@ -144,19 +144,28 @@ class ParseGenerator:
         """One PARSE round; returns (emitted tokens, finished, judge rejected part of the draft)."""
         cfg = self.config
         draft = self._draft(state, budget=min(cfg.draft_budget, max(remaining - 1, 1)))
-        bounds = draft_boundaries(self.tokenizer, draft, cfg.probe_stride, cfg.delimiters) if self.probe else []
-        suffix = list(self.probe.suffix_ids) if self.probe else []
-        chain_logits, probe_logits = self._verify(state, draft, bounds, suffix)
+        bounds = draft_boundaries(self.tokenizer, draft, cfg.probe_stride, cfg.delimiters) if cfg.judge else []
+        probed = bounds if self.probe else []
+        chain_logits, probe_logits = self._verify(state, draft, probed, list(self.probe.suffix_ids) if probed else [])
         target_next = chain_logits.argmax(-1)
-        scores = judge_scores(probe_logits, self.probe)[None] if bounds else torch.zeros(1, 1)
+        boundaries = torch.tensor([bounds or [0]])
+        zeros = torch.zeros(boundaries.shape)
+        token_probs = torch.softmax(chain_logits[:-1], -1).gather(-1, torch.tensor(draft)[:, None]).T
+        passed = prefix_passes(
+            judge_scores(probe_logits, self.probe)[None] if probed else zeros,
+            torch.tensor([cfg.threshold]),
+            likelihood_scores(token_probs, boundaries),
+            torch.tensor([cfg.likelihood_threshold]),
+            torch.tensor([cfg.uses_probe]),
+            torch.tensor([cfg.uses_likelihood]),
+        )
         lengths = accept_lengths(
             draft=torch.tensor([draft]),
             draft_lens=torch.tensor([len(draft)]),
             target_next=target_next[None],
-            boundaries=torch.tensor([bounds or [0]]),
-            scores=scores,
-            threshold=torch.tensor([cfg.threshold]),
-            judge=torch.tensor([self.probe is not None]),
+            boundaries=boundaries,
+            passed=passed,
+            judge=torch.tensor([cfg.judge]),
         )
         a = int(lengths.accepted[0])
         tokens, finished = emitted_tokens(draft, a, int(target_next[a]), self.eos_ids, remaining)

@@ -29,7 +29,15 @@ from parse_sglang.judge import JudgeProbe, build_judge_probe
 REQUEST_KEY = "parse"
 REQUEST_WHERE = f'custom_params["{REQUEST_KEY}"]'
 # Settings a request may change; the others shape the verify window every request shares.
-REQUEST_SETTINGS = ("draft_budget", "probe_stride", "threshold", "judge", "after_rejection")
+REQUEST_SETTINGS = (
+    "draft_budget",
+    "probe_stride",
+    "threshold",
+    "judge",
+    "judge_mode",
+    "likelihood_threshold",
+    "after_rejection",
+)
 # Per-request output options (booleans, default false). return_probe_scores: meta_info["parse"]
 # also gets "probe_scores", one entry per round (parse_sglang/counters.py).
 RETURN_PROBE_SCORES = "return_probe_scores"
@@ -118,13 +126,18 @@ def request_parse_config(custom_params: Optional[Mapping[str, Any]], server: Par
             f"{REQUEST_WHERE}: draft_budget={config.draft_budget} is invalid: allowed is at most the "
             f"server's {server.draft_budget} (--speculative-num-steps)"
         )
-    if config.judge and config.probe_stride < server.probe_stride:
+    if config.judge and not server.judge:
+        raise ValueError(f"{REQUEST_WHERE}: judge=true is invalid: the server runs with the judge off (lossless)")
+    if config.uses_probe and not server.uses_probe:
+        raise ValueError(
+            f"{REQUEST_WHERE}: judge_mode={config.judge_mode!r} is invalid: the server's verify window has no "
+            f"probe rows (its judge_mode is {server.judge_mode!r}); allowed is \"likelihood\""
+        )
+    if config.uses_probe and config.probe_stride < server.probe_stride:
         raise ValueError(
             f"{REQUEST_WHERE}: probe_stride={config.probe_stride} is invalid: allowed is at least the "
             f"server's {server.probe_stride} (its verify window holds no more probes)"
         )
-    if config.judge and not server.judge:
-        raise ValueError(f"{REQUEST_WHERE}: judge=true is invalid: the server runs with the judge off (lossless)")
     return config
 
 
@@ -146,7 +159,7 @@ def judge_probe_for(tokenizer_path: str, question: str, trust_remote_code: bool 
 def max_probes(config: ParseConfig) -> int:
     """K_max: the most boundaries `select_boundaries` returns for a draft of L tokens —
     interior segment ends at least probe_stride apart (all < L), plus the draft's end."""
-    if not config.judge:
+    if not config.uses_probe:
         return 0
     return (config.draft_budget - 1) // config.probe_stride + 1
 

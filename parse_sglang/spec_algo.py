@@ -119,7 +119,7 @@ def validate_parse_server_args(sa) -> None:
     for setting, value, ok, allowed in checks:
         if not ok:
             _refuse(setting, value, allowed)
-    if config.judge:  # fails here, at startup, if the chat template yields no judge probe
+    if config.uses_probe:  # fails here, at startup, if the chat template yields no judge probe
         judge_probe_for(sa.tokenizer_path or sa.model_path, config.judge_question, bool(sa.trust_remote_code))
 
 
@@ -194,7 +194,7 @@ def _window_shape(cfg, server_args):
     """The fixed window (K_max probes) of the server settings `cfg` (a resolving view)."""
     config = server_parse_config(server_args, cfg.speculative_num_steps)
     suffix_len = 0
-    if config.judge:
+    if config.uses_probe:
         tokenizer_path = cfg.tokenizer_path or cfg.model_path
         suffix_len = len(judge_probe_for(tokenizer_path, config.judge_question, bool(cfg.trust_remote_code)).suffix_ids)
     return fixed_window_shape(config, suffix_len)

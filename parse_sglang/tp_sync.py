@@ -11,8 +11,8 @@ decisions, two broadcasts per round over SGLang's TP group (`get_tp_group()`, th
 the draft shares with the target):
 
 - `share_plan`: the host plan before the window is built (`window_plan.ProbePlan`: drafts,
-  acceptable draft lengths, judged flags, boundaries), over the group's CPU (gloo) group,
-  because it lives on the host: int32 [bs, 2L + 2];
+  acceptable draft lengths, judged and probed flags, boundaries), over the group's CPU
+  (gloo) group, because it lives on the host: int32 [bs, 2L + 3];
 - `share_accepted`: the acceptance decisions (emitted tokens with the bonus, accepted
   lengths, exact / judged counts, the accepted rows), over the device group (NCCL on a GPU):
   int32 [bs, 2(L+1) + 3].
@@ -39,7 +39,7 @@ import torch
 
 FAULT_ENV = "PARSE_TEST_TP_FAULT"
 FAULTS = ("skew", "skew-drafts-unsynced")
-PLAN_FIELDS = ("drafts", "draft_lens", "judged", "bounds")  # window_plan.ProbePlan
+PLAN_FIELDS = ("drafts", "draft_lens", "judged", "probed", "bounds")  # window_plan.ProbePlan
 ACCEPTED_FIELDS = ("predict", "accept_index", "accept_lens", "exact", "judged")  # worker.Accepted
 
 

@@ -32,7 +32,7 @@ class RequestPolicy:
 
     config: ParseConfig
     budget: int  # draft tokens worth writing (L, capped by the output left)
-    judged: bool  # the judge may extend this request's acceptance
+    judged: bool  # the judge may extend this request's acceptance (its config says how)
     sampled: bool  # sampled on CPU: served target-only (worker docstring)
     stop_ids: frozenset  # token ids that end the output (EOS, stop_token_ids); empty: ignore_eos
 
@@ -45,11 +45,14 @@ class Window:
     shape: WindowShape
     chain_tokens: torch.Tensor  # [bs, L+1] c_n, d_1..d_L
     draft_lens: torch.Tensor  # [bs] draft tokens that may be accepted (budget, stop token)
-    boundaries: torch.Tensor  # [bs, K'] real probe boundaries b_k, padded with 0
-    probe_slots: torch.Tensor  # [bs, K'] index of each real probe among the request's window probes
+    boundaries: torch.Tensor  # [bs, K'] real boundaries b_k the judge decides at, padded with 0
+    probe_slots: torch.Tensor  # [bs, K'] index of each boundary's probe among the request's window probes
     judged: torch.Tensor  # [bs] bool
+    uses_probe: torch.Tensor  # [bs] bool: judged with the probe (its boundaries have probe rows)
+    uses_likelihood: torch.Tensor  # [bs] bool: judged by the draft tokens' target probabilities
     sampled: torch.Tensor  # [bs] bool
     thresholds: torch.Tensor  # [bs] τ
+    likelihood_thresholds: torch.Tensor  # [bs] λ
     configs: list  # [bs] ParseConfig
 
     @property
@@ -81,6 +84,7 @@ class ProbePlan:
     drafts: torch.Tensor  # [bs, L] int64, d_1..d_L
     draft_lens: torch.Tensor  # [bs] int64, draft tokens that may be accepted (budget, stop token)
     judged: torch.Tensor  # [bs] bool, the judge may extend this request's acceptance
+    probed: torch.Tensor  # [bs] bool, its boundaries get probe rows (judge_mode "probe" / "both")
     bounds: torch.Tensor  # [bs, L] int64, real boundaries b_1 < ... < b_K, then 0s
 
     def real_bounds(self) -> list[list[int]]:
@@ -100,6 +104,7 @@ def place_probes(drafts_host: torch.Tensor, policies: Sequence[RequestPolicy], t
         drafts=drafts_host,
         draft_lens=torch.tensor(draft_lens, dtype=torch.int64),
         judged=torch.tensor([p.judged for p in policies], dtype=torch.bool),
+        probed=torch.tensor([p.judged and p.config.uses_probe for p in policies], dtype=torch.bool),
         bounds=torch.tensor([b + [0] * (length - len(b)) for b in bounds], dtype=torch.int64).view(len(rows), length),
     )
 
@@ -128,11 +133,13 @@ def plan_window(
     if plan.drafts is not drafts_host:  # another rank's drafts
         drafts = plan.drafts.to(device)
     bounds = plan.real_bounds()
-    num_probes = max(map(len, bounds)) if fixed_probes is None else fixed_probes
-    window_bounds = [with_padding_probes(b, num_probes, length) for b in bounds]
+    probed = [b if p else [] for b, p in zip(bounds, plan.probed.tolist())]
+    num_probes = max(map(len, probed)) if fixed_probes is None else fixed_probes
+    window_bounds = [with_padding_probes(b, num_probes, length) for b in probed]
     shape = WindowShape(length, num_probes, len(suffix_ids) if num_probes else 0)
     chain_tokens = torch.cat([last_tokens[:, None], drafts], dim=1)
-    probe_slots = [[wb.index(b) for b in real] for real, wb in zip(bounds, window_bounds)]
+    # Same width as the boundaries; a request judged without probes reads none (uses_probe off).
+    probe_slots = [[wb.index(b) for b in p] if p else [0] * len(b) for b, p, wb in zip(bounds, probed, window_bounds)]
     return Window(
         verify_input=ParseVerifyInput.for_round(
             shape,
@@ -149,7 +156,10 @@ def plan_window(
         boundaries=pad_ragged(bounds, 0, torch.int64).to(device),
         probe_slots=pad_ragged(probe_slots, 0, torch.int64).to(device),
         judged=plan.judged.to(device),
+        uses_probe=plan.probed.to(device),
+        uses_likelihood=torch.tensor([p.config.uses_likelihood for p in policies], device=device) & plan.judged.to(device),
         sampled=torch.tensor([p.sampled for p in policies], device=device),
         thresholds=torch.tensor([p.config.threshold for p in policies], device=device),
+        likelihood_thresholds=torch.tensor([p.config.likelihood_threshold for p in policies], device=device),
         configs=[p.config for p in policies],
     )

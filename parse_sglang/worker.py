@@ -48,7 +48,7 @@ from sglang.srt.speculative.eagle_utils import default_tree_mask_mode, eagle_sam
 from sglang.srt.speculative.spec_utils import GrammarTree, build_grammar_vocab_mask
 from sglang.srt.utils import is_cpu
 
-from parse_sglang.acceptance import accept_lengths
+from parse_sglang.acceptance import accept_lengths, likelihood_scores, prefix_passes
 from parse_sglang.config import ParseConfig
 from parse_sglang.counters import ServerTotals, record_round
 from parse_sglang.draft_chain import DraftChain
@@ -95,6 +95,16 @@ class Accepted:
     exact: torch.Tensor  # [bs] draft tokens accepted by exact match
     judged: torch.Tensor  # [bs] draft tokens accepted only because the judge said yes
     scores: Optional[torch.Tensor]  # [bs, K'] judge score of each real probe (None: no probes)
+    likelihood: Optional[torch.Tensor]  # [bs, K'] smallest draft-token probability up to each boundary
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The judge's view of a round (`ParseWorker._judge`)."""
+
+    probe_scores: Optional[torch.Tensor]  # [bs, K'] P(yes)/(P(yes)+P(no)) at each boundary (None: no probes)
+    likelihood: Optional[torch.Tensor]  # [bs, K'] min target probability of d_1..d_{b_k} (None: not asked)
+    passed: torch.Tensor  # [bs, K'] bool, the prefix ending at b_k passes its request's judge
 
 
 class ParseWorker(BaseSpecWorker):
@@ -109,7 +119,7 @@ class ParseWorker(BaseSpecWorker):
         self.speculative_num_draft_tokens = self.config.draft_budget + 1  # chain width; meta_info divides by it
         tokenizer_path, trust = get_serving().tokenizer_path, get_model().trust_remote_code
         self.tokenizer = target_tokenizer(tokenizer_path, trust)
-        self.probe = judge_probe_for(tokenizer_path, self.config.judge_question, trust) if self.config.judge else None
+        self.probe = judge_probe_for(tokenizer_path, self.config.judge_question, trust) if self.config.uses_probe else None
         self.suffix_ids = (
             torch.tensor(self.probe.suffix_ids, dtype=torch.int64, device=self.device) if self.probe else None
         )
@@ -216,21 +226,16 @@ class ParseWorker(BaseSpecWorker):
         )
         exact = exact_lens.to(torch.int64) - 1
         drafts = window.chain_tokens[:, 1:]
-        scores = None
-        if window.shape.num_probes:
-            scores = judge_scores(probe_logits, self.probe).gather(1, window.probe_slots)
-            # accept_lengths' exact part is switched off (draft_lens 0): eagle_sample gave it.
-            judge_len = accept_lengths(
-                draft=drafts,
-                draft_lens=torch.zeros_like(window.draft_lens),
-                target_next=window.chain_tokens,
-                boundaries=window.boundaries,
-                scores=scores,
-                threshold=window.thresholds,
-                judge=window.judged,
-            ).accepted
-        else:
-            judge_len = torch.zeros_like(exact)
+        verdict = self._judge(window, chain_logits.view(bs, width, -1), probe_logits)
+        # accept_lengths' exact part is switched off (draft_lens 0): eagle_sample gave it.
+        judge_len = accept_lengths(
+            draft=drafts,
+            draft_lens=torch.zeros_like(window.draft_lens),
+            target_next=window.chain_tokens,
+            boundaries=window.boundaries,
+            passed=verdict.passed,
+            judge=window.judged,
+        ).accepted
         phase_limits = target_phase_limits(
             self.tokenizer, batch.reqs, window.configs, drafts, exact, predict.view(bs, width)
         )
@@ -255,8 +260,31 @@ class ParseWorker(BaseSpecWorker):
             accept_lens=(accepted + 1).to(torch.int32),
             exact=exact_kept,
             judged=accepted - exact_kept,
-            scores=scores,
+            scores=verdict.probe_scores,
+            likelihood=verdict.likelihood,
         )
+
+    def _judge(self, window: Window, chain_logits: torch.Tensor, probe_logits: torch.Tensor) -> "Verdict":
+        """Each boundary-ending prefix's judge scores and whether it passes its request's judge
+        (probe score >= τ, and / or every draft token's target probability >= λ)."""
+        bounds = window.boundaries
+        zeros = torch.zeros(bounds.shape, device=self.device)
+        probe_scores = likelihood = None
+        if window.shape.num_probes:
+            probe_scores = judge_scores(probe_logits, self.probe).gather(1, window.probe_slots)
+        if bool(window.uses_likelihood.any()):
+            drafts = window.chain_tokens[:, 1:]
+            token_probs = torch.softmax(chain_logits[:, :-1].float(), dim=-1).gather(-1, drafts[..., None]).squeeze(-1)
+            likelihood = likelihood_scores(token_probs, bounds)
+        passed = prefix_passes(
+            probe_scores if probe_scores is not None else zeros,
+            window.thresholds,
+            likelihood if likelihood is not None else zeros,
+            window.likelihood_thresholds,
+            window.uses_probe,
+            window.uses_likelihood,
+        )
+        return Verdict(probe_scores, likelihood, passed)
 
     # ----- SGLang bookkeeping around the round ------------------------------------------
 
@@ -308,8 +336,7 @@ class ParseWorker(BaseSpecWorker):
         return RequestPolicy(
             config=config,
             budget=budget,
-            judged=self.probe is not None
-            and config.judge
+            judged=config.judge
             and req.grammar is None
             and in_target_phase(req) is None
             and not sampled,
@@ -367,16 +394,19 @@ class ParseWorker(BaseSpecWorker):
 
     def _record_stats(self, reqs, window: Window, accepted: Accepted, graphed: bool) -> None:
         """Per-request counters (meta_info["parse"]) and the server's totals (get_server_info,
-        /metrics): parse_sglang/counters.py. Judge probes: the real ones (boundary > 0)."""
+        /metrics): parse_sglang/counters.py. Judge probes: the real ones (a boundary of a
+        request judged with the probe)."""
         draft_lens, exact, judged = window.draft_lens.tolist(), accepted.exact.tolist(), accepted.judged.tolist()
-        real_probes = window.boundaries > 0
+        real_probes = (window.boundaries > 0) & window.uses_probe[:, None]
         probe_counts = real_probes.sum(dim=1).tolist()
         scores = accepted.scores[real_probes].tolist() if accepted.scores is not None else []
         new_requests = 0
         for i, req in enumerate(reqs):
             probes = _probe_round(window, accepted, i) if RETURN_PROBE_SCORES in req.parse_outputs else None
             new_requests += record_round(req, draft_lens[i], exact[i], judged[i], probe_counts[i], probes)
-        self.totals.add_pass(new_requests, len(reqs), sum(draft_lens), sum(exact), sum(judged), scores, graphed)
+        self.totals.add_pass(
+            new_requests, len(reqs), sum(draft_lens), sum(exact), sum(judged), scores, graphed, len(reqs) * window.shape.rows
+        )
 
     def _result(self, batch, committed: Committed, window: Window, accepted: Accepted, chain_logits, graphed: bool):
         """What SGLang's scheduler commits; `graphed` (the draft chain and the verify both ran
@@ -417,11 +447,18 @@ class ParseWorker(BaseSpecWorker):
 
 def _probe_round(window: Window, accepted: Accepted, i: int) -> dict:
     """Request i's `probe_scores` entry of this round: the draft it verified, how much of it
-    was accepted, and [boundary, score] of each real probe."""
-    bounds = window.boundaries[i].tolist()
-    scores = accepted.scores[i].tolist() if accepted.scores is not None else []
+    was accepted (and how much by exact match), [boundary, judge score] of each real probe
+    and [boundary, smallest draft-token probability up to it] where the likelihood judge ran."""
+
+    def per_boundary(values: Optional[torch.Tensor], used: torch.Tensor) -> list:
+        if values is None or not bool(used[i]):
+            return []
+        return [[b, v] for b, v in zip(window.boundaries[i].tolist(), values[i].tolist()) if b > 0]
+
     return {
         "draft": window.chain_tokens[i, 1 : 1 + int(window.draft_lens[i])].tolist(),
         "accepted": int(accepted.exact[i] + accepted.judged[i]),
-        "probes": [[b, score] for b, score in zip(bounds, scores) if b > 0],
+        "exact": int(accepted.exact[i]),
+        "probes": per_boundary(accepted.scores, window.uses_probe),
+        "likelihood": per_boundary(accepted.likelihood, window.uses_likelihood),
     }

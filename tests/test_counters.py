@@ -33,7 +33,7 @@ def test_request_and_server_counters_agree():
     ]
     for per_req, scores in rounds:
         new = sum(record_round(req, *counts, None) for req, counts in zip(reqs, per_req))
-        totals.add_pass(new, len(reqs), *(sum(c[k] for c in per_req) for k in range(3)), scores, graphed=True)
+        totals.add_pass(new, len(reqs), *(sum(c[k] for c in per_req) for k in range(3)), scores, graphed=True, verify_rows=2 * 9)
     stats = [req.customized_info[counters.STATS_KEY][0] for req in reqs]
     assert stats[0] == dict(zip(COUNTERS, (2, 2, 8, 6, 1, 2))) and stats[1] == dict(zip(COUNTERS, (2, 2, 7, 1, 2, 3)))
     assert totals.requests == 2 and totals.verify_passes == totals.graph_passes == 2 and totals.rounds == 4
@@ -41,7 +41,7 @@ def test_request_and_server_counters_agree():
         assert getattr(totals, name) == sum(s[name] for s in stats), name
     summary = totals.summary()
     assert summary["emitted_tokens"] == 10 + 4 and summary["tokens_per_round"] == 14 / 4
-    assert summary["judged_share"] == 3 / 10
+    assert summary["judged_share"] == 3 / 10 and summary["verify_rows_per_round"] == 2 * 2 * 9 / 4
 
 
 def test_exporter_receives_every_pass(monkeypatch):
@@ -49,11 +49,11 @@ def test_exporter_receives_every_pass(monkeypatch):
     monkeypatch.setattr(counters, "_exporter", None)
     counters.export_to(exporter)
     totals = ServerTotals()
-    totals.add_pass(2, 2, 8, 3, 1, [0.25, 0.75], graphed=True)
-    totals.add_pass(0, 1, 4, 4, 0, [], graphed=False)
+    totals.add_pass(2, 2, 8, 3, 1, [0.25, 0.75], graphed=True, verify_rows=18)
+    totals.add_pass(0, 1, 4, 4, 0, [], graphed=False, verify_rows=5)
     assert [counts for counts, _ in exporter.passes] == [
-        dict(zip(TOTALS, (2, 2, 1, 1, 8, 3, 1, 2))),
-        dict(zip(TOTALS, (0, 1, 1, 0, 4, 4, 0, 0))),
+        dict(zip(TOTALS, (2, 2, 1, 1, 18, 8, 3, 1, 2))),
+        dict(zip(TOTALS, (0, 1, 1, 0, 5, 4, 4, 0, 0))),
     ]
     assert exporter.passes[0][1] == [0.25, 0.75]
     assert set(exporter.passes[0][0]) == set(TOTALS)

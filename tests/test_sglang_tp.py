@@ -114,6 +114,7 @@ class _Plan:
     drafts: torch.Tensor
     draft_lens: torch.Tensor
     judged: torch.Tensor
+    probed: torch.Tensor
     bounds: torch.Tensor
 
 
@@ -138,6 +139,7 @@ def _rank_main(rank: int, init_file: str, fault: str, results) -> None:
         drafts=torch.tensor([[5, 6, 7], [8, 9, 10]]) + 10 * rank,
         draft_lens=torch.tensor([3, 2 - rank]),
         judged=torch.tensor([True, rank == 0]),
+        probed=torch.tensor([rank == 0, True]),
         bounds=torch.tensor([[2, 3, 0], [2, 0, 0]]),
     )
     shared = sync.share_plan(plan)
@@ -152,7 +154,7 @@ def _rank_main(rank: int, init_file: str, fault: str, results) -> None:
     )
     results[rank] = (
         shared is plan,
-        [getattr(shared, name).tolist() for name in ("drafts", "draft_lens", "judged", "bounds")],
+        [getattr(shared, name).tolist() for name in ("drafts", "draft_lens", "judged", "probed", "bounds")],
         {name: (value.dtype, value.tolist()) for name, value in dataclasses.asdict(accepted).items()},
     )
     dist.destroy_process_group()
@@ -190,7 +192,7 @@ def test_every_rank_gets_rank0s_plan_and_decisions(tmp_path, fault):
     results = _two_ranks(tmp_path, fault)
     (same0, plan0, acc0), (same1, plan1, acc1) = results[0], results[1]
     assert same0 and not same1  # rank 0 keeps its own objects; rank 1 takes rank 0's values
-    assert plan1 == plan0 == [[[5, 6, 7], [8, 9, 10]], [3, 2], [True, True], [[2, 3, 0], [2, 0, 0]]]
+    assert plan1 == plan0 == [[[5, 6, 7], [8, 9, 10]], [3, 2], [True, True], [True, True], [[2, 3, 0], [2, 0, 0]]]
     assert acc1 == acc0 == {
         "predict": (torch.int32, [0, 1, 2, 3]),
         "accept_index": (torch.int32, [[0, 1], [2, -1]]),

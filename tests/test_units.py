@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from parse_sglang.acceptance import accept_lengths, emitted_tokens, pad_ragged
+from parse_sglang.acceptance import accept_lengths, emitted_tokens, likelihood_scores, pad_ragged, prefix_passes
 from parse_sglang.boundaries import delimiter_ends, select_boundaries
 from parse_sglang.config import ParseConfig
 
@@ -76,13 +76,17 @@ def test_select_boundaries_refuses_empty_draft():
 # ---- acceptance -------------------------------------------------------------------------
 
 def _accept(drafts, targets, bounds, scores, threshold, judge):
+    """Probe-judged acceptance (judge_mode "probe")."""
+    scores = pad_ragged(scores, 0.0, torch.float)
+    passed = prefix_passes(scores, torch.tensor(threshold, dtype=torch.float), torch.zeros_like(scores),
+                           torch.zeros(len(drafts)), torch.ones(len(drafts), dtype=torch.bool),
+                           torch.zeros(len(drafts), dtype=torch.bool))  # fmt: skip
     return accept_lengths(
         draft=pad_ragged(drafts, 0, torch.long),
         draft_lens=torch.tensor([len(d) for d in drafts]),
         target_next=pad_ragged(targets, -1, torch.long),
         boundaries=pad_ragged(bounds, 0, torch.long),
-        scores=pad_ragged(scores, 0.0, torch.float),
-        threshold=torch.tensor(threshold, dtype=torch.float),
+        passed=passed,
         judge=torch.tensor(judge),
     )
 
@@ -119,3 +123,62 @@ def test_emitted_tokens_truncate_like_target_only_decoding():
     assert emitted_tokens([1, 2, 3], 1, 7, [99], 5) == ([1, 7], False)
     with pytest.raises(ValueError, match="max_new_tokens=0"):
         emitted_tokens([1], 1, 2, [], 0)
+
+
+def test_likelihood_scores_are_the_smallest_token_probability_up_to_each_boundary():
+    probs = torch.tensor([[0.9, 0.6, 0.8, 0.3, 0.95], [0.5, 0.5, 0.5, 0.5, 0.5]])
+    bounds = torch.tensor([[1, 3, 5], [2, 0, 0]])
+    got = likelihood_scores(probs, bounds)
+    assert torch.allclose(got, torch.tensor([[0.9, 0.6, 0.3], [0.5, 0.0, 0.0]]))
+
+
+@pytest.mark.parametrize(
+    "mode, passed",
+    [
+        ("probe", [[True, True, False]]),  # probe scores 0.9, 0.8, 0.1 against τ 0.5
+        ("likelihood", [[True, False, False]]),  # min token probs 0.9, 0.6, 0.3 against λ 0.7
+        ("both", [[True, False, False]]),
+    ],
+)
+def test_prefix_passes_by_judge_mode(mode, passed):
+    cfg = ParseConfig(judge_mode=mode, threshold=0.5, likelihood_threshold=0.7)
+    got = prefix_passes(
+        torch.tensor([[0.9, 0.8, 0.1]]), torch.tensor([cfg.threshold]),
+        torch.tensor([[0.9, 0.6, 0.3]]), torch.tensor([cfg.likelihood_threshold]),
+        torch.tensor([cfg.uses_probe]), torch.tensor([cfg.uses_likelihood]),
+    )  # fmt: skip
+    assert got.tolist() == passed
+
+
+def test_likelihood_judge_accepts_the_longest_likely_boundary_prefix():
+    """Draft [5, 6, 7, 8]: exact match stops after 1 token; token probabilities 0.9, 0.8, 0.4,
+    0.9 with boundaries 2 and 4 and λ = 0.5 accept the prefix ending at 2 (0.4 fails at 4)."""
+    boundaries = torch.tensor([[2, 4]])
+    passed = prefix_passes(torch.zeros(1, 2), torch.tensor([0.5]),
+                           likelihood_scores(torch.tensor([[0.9, 0.8, 0.4, 0.9]]), boundaries), torch.tensor([0.5]),
+                           torch.tensor([False]), torch.tensor([True]))  # fmt: skip
+    got = accept_lengths(torch.tensor([[5, 6, 7, 8]]), torch.tensor([4]), torch.tensor([[5, 0, 0, 0, 0]]),
+                         boundaries, passed, torch.tensor([True]))  # fmt: skip
+    assert (got.exact.item(), got.accepted.item(), got.judged.item()) == (1, 2, 1)
+
+
+def test_judge_mode_settings_are_checked():
+    with pytest.raises(ValueError, match=r"judge_mode='vote' is invalid: allowed is one of \('probe', 'likelihood', 'both'\)"):
+        ParseConfig(judge_mode="vote")
+    with pytest.raises(ValueError, match=r"likelihood_threshold=1.2 is invalid: allowed is a number in \[0, 1\]"):
+        ParseConfig(likelihood_threshold=1.2)
+    likelihood = ParseConfig(judge_mode="likelihood")
+    assert (likelihood.uses_probe, likelihood.uses_likelihood) == (False, True)
+    assert not ParseConfig(judge=False, judge_mode="both").uses_likelihood
+
+
+def test_likelihood_server_has_no_probe_rows_and_refuses_probe_requests():
+    from parse_sglang.settings import max_probes, request_parse_config, verify_window_max
+
+    server = ParseConfig(draft_budget=16, judge_mode="likelihood")
+    assert max_probes(server) == 0 and verify_window_max(server, suffix_len=23) == 17  # L + 1 rows
+    ok = request_parse_config({"parse": {"likelihood_threshold": 0.8, "probe_stride": 2}}, server)
+    assert ok.likelihood_threshold == 0.8 and ok.probe_stride == 2  # boundaries only: no probe rows needed
+    with pytest.raises(ValueError, match=r"judge_mode='both' is invalid: the server's verify window has no probe rows"):
+        request_parse_config({"parse": {"judge_mode": "both"}}, server)
+    assert request_parse_config({"parse": {"judge_mode": "likelihood"}}, ParseConfig()).uses_probe is False

@@ -49,6 +49,7 @@ DOCS = {
     "rounds": "PARSE request-rounds (draft, one verify pass, accept).",
     "verify_passes": "PARSE target verify forwards (one per batch round).",
     "graph_passes": "PARSE batch rounds whose draft chain and verify pass both replayed CUDA graphs.",
+    "verify_rows": "Window rows PARSE's verify passes ran (requests x N = 1 + L + K*m each).",
     "draft_tokens": "Draft tokens PARSE verified.",
     "accepted_exact": "Draft tokens PARSE accepted because the target would have emitted them (exact match).",
     "accepted_judged": "Draft tokens PARSE accepted beyond the exact match because the judge said yes.",
