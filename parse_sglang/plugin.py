@@ -3,8 +3,9 @@
 SGLang's `load_plugins()` calls `register()` in every process it starts (launch_server /
 Engine, scheduler, detokenizer) and then applies the HookRegistry hooks, so whatever is
 installed here exists everywhere. It does not enable the CPU runtime (that is
-`parse_sglang.cpu.enable()`, or `python -m parse_sglang.launch_server`); the patches it
-installs only add capabilities, so stock behaviour is unchanged on GPU machines.
+`parse_sglang.cpu.enable()`, or `python -m parse_sglang.launch_server`). The patches it
+installs add capabilities, and one change for every server: requests that would kill a
+scheduler are refused with a 400 (`scheduler_patches/request_validation.py`).
 
 Each module in `INSTALLERS` (to add one, append it) has `HOOKED_SIGNATURES` (dotted SGLang
 name -> the `inspect.signature` string it was written against) and `install() -> str`
@@ -30,6 +31,7 @@ import pkgutil
 logger = logging.getLogger(__name__)
 
 INSTALLERS = [
+    "parse_sglang.scheduler_patches.request_validation",  # every server, target-only too
     "parse_sglang.scheduler_patches.torch_native_verify",
     "parse_sglang.scheduler_patches.torch_native_draft",
     "parse_sglang.scheduler_patches.cpu_graphs",  # inert unless parse_sglang.cpu.CPU_GRAPHS_ENV asks

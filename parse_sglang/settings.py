@@ -85,7 +85,7 @@ def _request_values(custom_params: Optional[Mapping[str, Any]]) -> Optional[Mapp
     if raw is None:
         return None
     values = _as_mapping(raw, REQUEST_WHERE)
-    unknown = sorted(set(values) - set(ParseConfig.field_names()) - set(REQUEST_OUTPUTS))
+    unknown = sorted(set(values) - set(ParseConfig.field_names()) - set(REQUEST_OUTPUTS), key=repr)
     if unknown:
         raise ValueError(
             f"{REQUEST_WHERE}: unknown key(s) {unknown}: allowed are {list(REQUEST_SETTINGS + REQUEST_OUTPUTS)}"

@@ -19,6 +19,13 @@ import pytest
 import requests
 from conftest import engine_kwargs
 
+# SGLang's strict memory checks: every busy iteration logs and asserts the KV pool balance (2),
+# and the idle check raises on a leak (1), which kills the server.
+STRICT_MEM_CHECKS = {
+    "SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_BUSY": "2",
+    "SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE": "1",
+}
+
 MEM_LINE = re.compile(
     r"\[Mem Check \(BUSY\)\] \[full\] total=(\d+), available=(\d+), evictable=(\d+), protected=(\d+), "
     r"session_held=(\d+), uncached=(\d+)"
@@ -93,6 +100,24 @@ def launched_server(
     finally:
         if proc.poll() is None:
             stop(proc)
+
+
+@contextlib.contextmanager
+def lossless_parse_server(tiny_pair, log_dir, draft_steps: int, **overrides):
+    """`launched_server` serving the tiny pair with PARSE, judge off (greedy output == the
+    target's), L = draft_steps, with STRICT_MEM_CHECKS."""
+    from parse_sglang.config import ParseConfig
+    from parse_sglang.demo import parse_engine_kwargs
+
+    target, draft = tiny_pair
+    parse = parse_engine_kwargs(draft, ParseConfig(draft_budget=draft_steps, judge=False))
+    with launched_server(target, log_dir, env=STRICT_MEM_CHECKS, timeout=600.0, **parse, **overrides) as server:
+        yield server
+
+
+def greedy(max_new: int, **extra) -> dict:
+    """Greedy sampling params with EOS ignored (compare with `hf_greedy(..., ignore_eos=True)`)."""
+    return {"max_new_tokens": max_new, "temperature": 0.0, "ignore_eos": True, **extra}
 
 
 def free_port() -> int:

@@ -22,10 +22,14 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import requests
 from conftest import hf_greedy
-from http_server import MEM_LINE, Server, assert_memory_balanced, assert_shutdown_leaves_no_process, launched_server
-
-from parse_sglang.config import ParseConfig
-from parse_sglang.demo import parse_engine_kwargs
+from http_server import (
+    MEM_LINE,
+    Server,
+    assert_memory_balanced,
+    assert_shutdown_leaves_no_process,
+    greedy,
+    lossless_parse_server,
+)
 
 pytestmark = pytest.mark.sglang
 
@@ -40,21 +44,10 @@ def target_greedy(hf_target, prompt_ids: list[int], max_new: int) -> list[int]:
     return hf_greedy(hf_target[1], prompt_ids, max_new, ignore_eos=True)
 
 
-def greedy(max_new: int, **extra) -> dict:
-    return {"max_new_tokens": max_new, "temperature": 0.0, "ignore_eos": True, **extra}
-
-
 @pytest.fixture(scope="module")
 def server(tiny_pair, tmp_path_factory):
-    target, draft = tiny_pair
-    with launched_server(
-        target,
-        tmp_path_factory.mktemp("parse_server"),
-        env={"SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_BUSY": "2", "SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE": "1"},
-        timeout=600.0,
-        max_running_requests=MAX_RUNNING,
-        **parse_engine_kwargs(draft, ParseConfig(draft_budget=DRAFT_STEPS, judge=False)),
-    ) as srv:
+    log_dir = tmp_path_factory.mktemp("parse_server")
+    with lossless_parse_server(tiny_pair, log_dir, DRAFT_STEPS, max_running_requests=MAX_RUNNING) as srv:
         yield srv
 
 

@@ -11,6 +11,8 @@ the worker could only abort it mid-flight.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from sglang.srt.plugins.hook_registry import HookType
 
 from parse_sglang.scheduler_patches import register_hooks_once
@@ -25,8 +27,8 @@ HOOKED_SIGNATURES = {TARGET: "(self, vocab_size)"}
 def verify_parse_params(result, sampling_params, vocab_size):
     """AFTER hook: raise ValueError for an invalid `custom_params["parse"]`."""
     custom = sampling_params.custom_params
-    if not custom or REQUEST_KEY not in custom:
-        return result
+    if not isinstance(custom, Mapping) or REQUEST_KEY not in custom:
+        return result  # a non-object custom_params is refused by request_validation.py
     from sglang.srt.runtime_context import get_server_args, get_spec
 
     spec = get_spec()
