@@ -16,7 +16,7 @@ import json
 import pytest
 import torch
 
-from parse_sglang import smollm2
+from parse_sglang import model_cache, smollm2
 
 PROMPTS = ["What is the capital of France?", "Write a Python function that returns the square of a number."]
 MAX_NEW = 16
@@ -171,11 +171,11 @@ def test_missing_package_names_the_pip_command(monkeypatch):
 
 
 def test_cache_root_precedence(monkeypatch, tmp_path):
-    monkeypatch.delenv(smollm2.CACHE_ENV, raising=False)
-    assert smollm2.cache_root() == smollm2.DEFAULT_CACHE.expanduser().resolve()
-    monkeypatch.setenv(smollm2.CACHE_ENV, str(tmp_path / "env"))
-    assert smollm2.cache_root() == tmp_path / "env"
-    assert smollm2.cache_root(tmp_path / "arg") == tmp_path / "arg"
+    monkeypatch.delenv(model_cache.CACHE_ENV, raising=False)
+    assert model_cache.cache_root() == model_cache.DEFAULT_CACHE.expanduser().resolve()
+    monkeypatch.setenv(model_cache.CACHE_ENV, str(tmp_path / "env"))
+    assert model_cache.cache_root() == tmp_path / "env"
+    assert model_cache.cache_root(tmp_path / "arg") == tmp_path / "arg"
 
 
 @pytest.fixture(scope="module")
