@@ -29,9 +29,16 @@ or how fast PARSE is on real models.
 The pair is built deterministically from RECIPE (same recipe, same machine and software: the
 same weights, bit for bit) into a cache directory, `~/.cache/parse-sglang/synthetic-<recipe
 hash>/{target,draft}` (PARSE_SGLANG_CACHE or an argument override the root), and reused when
-complete. Nothing is downloaded. `problems(seed, n)` and `grade(problem, text)` are the task;
-TEST_SEED gives held-out problems (training draws from other seeds). RECOMMENDED_CONFIG is the
-PARSE policy measured to work well on this pair.
+complete; training takes about 6 minutes on 2 CPU cores. Nothing is downloaded.
+`problems(seed, n)` and `grade(problem, text)` are the task; TEST_SEED gives held-out problems
+(training draws from other seeds).
+
+MEASURED (60 held-out problems, tests/test_synthetic.py): target answer accuracy 0.98, draft
+0.85; step accuracy target 0.99, draft 0.94; the draft's next-token agreement with the target
+0.53. The probe judge is NOT competent yet: its ROC AUC on 323 held-out partial solutions is
+0.69 (`judge_auc`), and its scores follow how far into the solution the cut is rather than
+whether a step is wrong. Longer judge training in the time budget (300 to 700 steps, 3 to 8
+probes per example, learning rates 3e-3 to 1e-2) did not move it above 0.72.
 """
 
 from __future__ import annotations
@@ -556,7 +563,7 @@ def train(model, batches, steps: int, lr: float, judge_weight: float = 1.0, log=
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         if log is not None:
-            log(step, float(lm), float(jl))
+            log(step, float(lm.detach()), float(jl.detach()))
     model.eval()
 
 
