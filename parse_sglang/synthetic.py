@@ -8,7 +8,7 @@ buys 5 more. She sells 3. How many apples does Mia have now?") whose solutions a
 sentence per line with several equivalent wordings per step, and a last line "The answer is N.".
 It reproduces, in miniature, the regime PARSE is for: a draft that is mostly right but words
 things its own way (low token agreement with the target, high step accuracy), and a target that
-can judge whether the steps so far are right. It says nothing about how well a real model judges
+is trained to judge whether the steps so far are right (it does not yet: see MEASURED). It says nothing about how well a real model judges
 or how fast PARSE is on real models.
 
 - The TARGET solves the problems greedily in its own preferred wording, and is trained to answer
