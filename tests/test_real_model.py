@@ -16,7 +16,7 @@ import json
 import pytest
 import torch
 
-from parse_sglang import smollm2
+from parse_sglang import model_cache, smollm2
 
 PROMPTS = ["What is the capital of France?", "Write a Python function that returns the square of a number."]
 MAX_NEW = 16
@@ -171,11 +171,11 @@ def test_missing_package_names_the_pip_command(monkeypatch):
 
 
 def test_cache_root_precedence(monkeypatch, tmp_path):
-    monkeypatch.delenv(smollm2.CACHE_ENV, raising=False)
-    assert smollm2.cache_root() == smollm2.DEFAULT_CACHE.expanduser().resolve()
-    monkeypatch.setenv(smollm2.CACHE_ENV, str(tmp_path / "env"))
-    assert smollm2.cache_root() == tmp_path / "env"
-    assert smollm2.cache_root(tmp_path / "arg") == tmp_path / "arg"
+    monkeypatch.delenv(model_cache.CACHE_ENV, raising=False)
+    assert model_cache.cache_root() == model_cache.DEFAULT_CACHE.expanduser().resolve()
+    monkeypatch.setenv(model_cache.CACHE_ENV, str(tmp_path / "env"))
+    assert model_cache.cache_root() == tmp_path / "env"
+    assert model_cache.cache_root(tmp_path / "arg") == tmp_path / "arg"
 
 
 @pytest.fixture(scope="module")
@@ -238,6 +238,12 @@ def test_demo_command(smollm2_dirs, tmp_path):
     rows = dict(re.findall(r"^(target only|PARSE)\s+(\d+)", out, re.M))
     assert int(rows["PARSE"]) == sum(tokens for tokens, _ in stats)
     assert re.search(r"^target only\s+(\d+)\s+\1\s+1\.00\s", out, re.M)
+    # The same PARSE engine answered again with the likelihood judge (per-request judge_mode).
+    likely = [tuple(map(int, m)) for m in
+              re.findall(r"PARSE likelihood λ=0\.3 stats: (\d+) tokens in (\d+) target forwards", out)]
+    assert len(likely) == 2 and all(1 <= fwd <= tokens <= 16 for tokens, fwd in likely)
+    row = re.search(r"^PARSE likelihood λ=0\.3\s+(\d+)\s+(\d+)", out, re.M)
+    assert row and (int(row[1]), int(row[2])) == tuple(map(sum, zip(*likely)))
 
 
 def test_demo_refuses_bad_arguments(capsys):

@@ -1,0 +1,265 @@
+"""What PARSE's judge costs in answer quality: accuracy against tokens per target forward, one
+row per judge setting, all in SGLang in one run.
+
+    python benchmarks/semantic.py [--pair synthetic|smollm2] [--num-problems N] [--json]
+                                  [--target DIR --draft DIR --prompts FILE [--grader MODULE:FUNC]]
+                                  [--num-steps L] [--probe-stride D] [--max-new-tokens N]
+                                  [--plot PNG] [--cache-dir DIR]
+
+Rows: target_only, standalone (SGLang's STANDALONE, topk 1, radix cache off), parse_lossless,
+parse_probe at τ in PROBE_THRESHOLDS, parse_likelihood at λ in LIKELIHOOD_THRESHOLDS. Three
+engines, one after the other (target-only, STANDALONE, PARSE); the PARSE engine serves every
+PARSE row through per-request settings, each row as its own batch of all prompts (greedy).
+
+Per row: `accuracy` (share of graded answers correct; null where there is no grader),
+`tokens_per_target_forward`, `judged_share` (output tokens the judge accepted beyond exact
+matches), `verify_rows_per_round` (PARSE's window rows per round), `wall_s` (the row's batch),
+and `target_nll` (the target's own mean negative log-likelihood per output token, with
+transformers: what a judge that accepts un-target-like text costs by the target's measure).
+
+--pair synthetic (default): held-out problems of the synthetic trained pair
+(parse_sglang.synthetic, a stand-in that makes the judge measurable offline, NOT evidence about
+large models), graded by their answer. --pair smollm2: SmolLM2-135M-Instruct and its
+layer-dropped draft on fixed questions, ungraded. Your own pair: --target/--draft/--prompts
+FILE (a JSON list of strings, or one prompt per line, chat template applied) and optionally
+--grader MODULE:FUNC, called as FUNC(prompt, output_text) -> bool.
+The plot (matplotlib) is accuracy, or target NLL where ungraded, against tokens per forward.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib
+import json
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Sequence
+
+from parse_sglang.config import ParseConfig
+from parse_sglang.demo import DEFAULT_PROMPTS, chat_prompt_ids, engine_kwargs, parse_engine_kwargs, table, target_forwards
+
+PROBE_THRESHOLDS = (0.3, 0.5, 0.7, 0.9)
+LIKELIHOOD_THRESHOLDS = (0.05, 0.2, 0.5)
+KEYS = ("mode", "threshold", "accuracy", "tokens_per_target_forward", "judged_share", "verify_rows_per_round",
+        "wall_s", "target_nll")
+
+
+@dataclasses.dataclass
+class Workload:
+    """A pair and what it answers: prompt texts, their chat-templated ids, an optional grader."""
+
+    target: str
+    draft: str
+    prompts: list[str]
+    prompt_ids: list[list[int]]
+    grader: Callable[[int, str], bool] | None  # (prompt index, output text) -> correct
+
+
+def synthetic_workload(num_problems: int, cache_dir=None) -> Workload:
+    from parse_sglang import synthetic
+    from transformers import AutoTokenizer
+
+    target, draft = synthetic.build(cache_dir, log=lambda line: print(line, file=sys.stderr, flush=True))
+    items = synthetic.problems(synthetic.TEST_SEED, num_problems)
+    enc = synthetic.Encoder(AutoTokenizer.from_pretrained(target))
+    return Workload(str(target), str(draft), [p.prompt for p in items], [enc.prompt_ids(p) for p in items],
+                    lambda i, text: synthetic.grade(items[i], text))
+
+
+def user_workload(target: str, draft: str, prompts: list[str], grader: str | None) -> Workload:
+    from transformers import AutoTokenizer
+
+    func = None
+    if grader:
+        module, _, name = grader.partition(":")
+        func = getattr(importlib.import_module(module), name)
+    ids = chat_prompt_ids(AutoTokenizer.from_pretrained(target), prompts)
+    return Workload(target, draft, prompts, ids, None if func is None else lambda i, text: bool(func(prompts[i], text)))
+
+
+def read_prompts(path: str) -> list[str]:
+    text = Path(path).read_text()
+    try:
+        prompts = json.loads(text)
+    except ValueError:
+        prompts = [line for line in text.splitlines() if line.strip()]
+    if not isinstance(prompts, list) or not prompts or not all(isinstance(p, str) for p in prompts):
+        raise ValueError(f"--prompts {path}: allowed is a JSON list of strings or one prompt per line")
+    return prompts
+
+
+def parse_rows() -> list[tuple[str, float | None, dict]]:
+    """(mode, threshold, per-request PARSE settings) of every PARSE row."""
+    rows = [("parse_lossless", None, {"judge": False})]
+    rows += [("parse_probe", t, {"judge_mode": "probe", "threshold": t}) for t in PROBE_THRESHOLDS]
+    rows += [("parse_likelihood", t, {"judge_mode": "likelihood", "likelihood_threshold": t})
+             for t in LIKELIHOOD_THRESHOLDS]
+    return rows
+
+
+def _server_parse_totals(engine) -> dict:
+    return engine.get_server_info()["internal_states"][0].get("parse") or {}
+
+
+def run_batch(engine, work: Workload, sampling: dict) -> tuple[list[dict], float, dict]:
+    """All prompts in one generate call: (outputs, wall seconds, PARSE server counters it added)."""
+    before = _server_parse_totals(engine)
+    start = time.perf_counter()
+    outs = engine.generate(input_ids=work.prompt_ids, sampling_params=sampling)
+    wall = time.perf_counter() - start
+    after = _server_parse_totals(engine)
+    added = {k: after[k] - before.get(k, 0) for k in ("rounds", "verify_rows") if k in after}
+    return outs, wall, added
+
+
+def summarize(mode: str, threshold, work: Workload, outs: list[dict], wall: float, added: dict) -> dict:
+    tokens = sum(o["meta_info"]["completion_tokens"] for o in outs)
+    forwards = sum(target_forwards(o["meta_info"]) for o in outs)
+    judged = sum((o["meta_info"].get("parse") or {}).get("accepted_judged", 0) for o in outs)
+    accuracy = None if work.grader is None else sum(work.grader(i, o["text"]) for i, o in enumerate(outs)) / len(outs)
+    rounds = added.get("rounds", 0)
+    return {
+        "mode": mode, "threshold": threshold, "accuracy": accuracy,
+        "tokens_per_target_forward": tokens / forwards, "judged_share": judged / max(tokens, 1),
+        "verify_rows_per_round": added["verify_rows"] / rounds if rounds else None,
+        "wall_s": wall, "output_ids": [o["output_ids"] for o in outs],
+    }
+
+
+def run_rows(work: Workload, config: ParseConfig, max_new_tokens: int, progress=None) -> list[dict]:
+    """Every row, engines started one after another (never two at once)."""
+    import sglang
+    import torch
+
+    base = engine_kwargs(work.target, torch.cuda.is_available())
+    base["max_running_requests"] = min(len(work.prompt_ids), 64)
+    if "max_total_tokens" in base:  # CPU: room for a full batch of windows
+        base["max_total_tokens"] = 32768
+    sampling = {"temperature": 0.0, "max_new_tokens": max_new_tokens}
+    L = config.draft_budget
+    standalone = dict(speculative_algorithm="STANDALONE", speculative_draft_model_path=work.draft,
+                      speculative_num_steps=L, speculative_eagle_topk=1, speculative_num_draft_tokens=L + 1,
+                      disable_radix_cache=True)
+    plan = [("target_only", base, [("target_only", None, sampling)]),
+            ("standalone", {**base, **standalone}, [("standalone", None, sampling)]),
+            ("parse", {**base, **parse_engine_kwargs(work.draft, config)},
+             [(mode, t, {**sampling, "custom_params": {"parse": settings}}) for mode, t, settings in parse_rows()])]
+    rows = []
+    for _, kwargs, batches in plan:
+        engine = sglang.Engine(**kwargs)
+        try:
+            engine.generate(input_ids=work.prompt_ids[0], sampling_params={**sampling, "max_new_tokens": 4})
+            for mode, threshold, params in batches:
+                rows.append(summarize(mode, threshold, work, *run_batch(engine, work, params)))
+                if progress is not None:
+                    progress.update(1)
+        finally:
+            engine.shutdown()
+    return rows
+
+
+def add_target_nll(rows: list[dict], work: Workload) -> None:
+    """row["target_nll"]: the target's mean NLL per output token (teacher-forced, prompt as context)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(work.target, dtype=torch.float32).eval()
+    for row in rows:
+        total = count = 0.0
+        for prompt, out in zip(work.prompt_ids, row["output_ids"]):
+            if not out:
+                continue
+            ids = torch.tensor([prompt + out])
+            with torch.no_grad():
+                logits = model(input_ids=ids).logits[0, len(prompt) - 1:-1].float()
+            total += float(torch.nn.functional.cross_entropy(logits, ids[0, len(prompt):], reduction="sum"))
+            count += len(out)
+        row["target_nll"] = total / count if count else math.nan
+
+
+def plot(rows: list[dict], path: str, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    graded = rows[0]["accuracy"] is not None
+    key, label = ("accuracy", "answer accuracy") if graded else ("target_nll", "target NLL per output token (lower is better)")
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for row in rows:
+        name = row["mode"] + ("" if row["threshold"] is None else f" {row['threshold']:g}")
+        ax.scatter(row["tokens_per_target_forward"], row[key])
+        ax.annotate(name, (row["tokens_per_target_forward"], row[key]), fontsize=7, xytext=(3, 3),
+                    textcoords="offset points")
+    ax.set_xlabel("output tokens per target forward")
+    ax.set_ylabel(label)
+    ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def fmt(value) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.3f}" if isinstance(value, float) else str(value)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python benchmarks/semantic.py", description=__doc__.splitlines()[0])
+    parser.add_argument("--pair", choices=("synthetic", "smollm2"), default="synthetic")
+    parser.add_argument("--num-problems", type=int, default=200, help="held-out problems (synthetic pair)")
+    parser.add_argument("--target")
+    parser.add_argument("--draft")
+    parser.add_argument("--prompts", help="JSON list of prompts, or one per line (with --target/--draft)")
+    parser.add_argument("--grader", help="MODULE:FUNC, FUNC(prompt, output_text) -> bool")
+    parser.add_argument("--num-steps", type=int, default=32, help="draft tokens per round (L), PARSE and STANDALONE")
+    parser.add_argument("--probe-stride", type=int, default=8)
+    parser.add_argument("--max-new-tokens", type=int, default=96)
+    parser.add_argument("--plot", help="PNG path (default benchmarks/semantic_<pair>.png)")
+    parser.add_argument("--cache-dir", help="cache root of built models")
+    parser.add_argument("--json", action="store_true", help="one JSON object per row on stdout")
+    args = parser.parse_args(argv)
+    if (args.target is None) != (args.draft is None) or (args.target is not None) != (args.prompts is not None):
+        parser.error("--target, --draft and --prompts go together")
+    if args.num_problems < 1:
+        parser.error(f"--num-problems={args.num_problems} is invalid: allowed is an integer >= 1")
+    config = ParseConfig(draft_budget=args.num_steps, probe_stride=args.probe_stride)
+    import parse_sglang.cpu
+    import torch
+
+    if not torch.cuda.is_available():
+        parse_sglang.cpu.enable()
+    if args.target:
+        name, work = "user", user_workload(args.target, args.draft, read_prompts(args.prompts), args.grader)
+    elif args.pair == "smollm2":
+        from parse_sglang import smollm2
+
+        target, draft = smollm2.model_pair(args.cache_dir)
+        name, work = "smollm2", user_workload(str(target), str(draft), list(DEFAULT_PROMPTS), None)
+    else:
+        name, work = "synthetic", synthetic_workload(args.num_problems, args.cache_dir)
+    from tqdm import tqdm
+
+    with tqdm(total=2 + len(parse_rows()), desc="rows", file=sys.stderr) as progress:
+        rows = run_rows(work, config, args.max_new_tokens, progress)
+    add_target_nll(rows, work)
+    title = (f"{name}: {len(work.prompt_ids)} prompts, L={config.draft_budget}, Δ={config.probe_stride}"
+             + (" (synthetic stand-in, not evidence about large models)" if name == "synthetic" else ""))
+    path = args.plot or str(Path(__file__).with_name(f"semantic_{name}.png"))
+    plot(rows, path, title)
+    if args.json:
+        for row in rows:
+            print(json.dumps({key: row[key] for key in KEYS}))
+    else:
+        print(title)
+        print(table(KEYS, [[fmt(row[key]) for key in KEYS] for row in rows]))
+        print(f"plot: {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,76 @@
+"""SGLang tier: benchmarks/semantic.py on the synthetic trained pair (DESIGN.md §8), every row
+from real engines (target-only, STANDALONE, one PARSE engine with per-request judge settings).
+
+What it asserts is what the curve showed when recorded (benchmarks/README.md): lossless PARSE
+reproduces target-only; the likelihood judge keeps the target's accuracy while taking well over
+STANDALONE's tokens per target forward. (The probe judge does not keep it on this pair: its
+judge is not competent yet, parse_sglang.synthetic.)
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+from parse_sglang.config import ParseConfig
+
+pytestmark = pytest.mark.sglang
+
+NUM_PROBLEMS = 48
+SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "semantic.py"
+
+
+@pytest.fixture(scope="module")
+def semantic():
+    spec = importlib.util.spec_from_file_location("semantic_bench", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def rows(semantic, cpu_runtime):
+    work = semantic.synthetic_workload(NUM_PROBLEMS)
+    return {(row["mode"], row["threshold"]): row for row in semantic.run_rows(work, ParseConfig(), 96)}
+
+
+def test_rows_and_lossless(rows, semantic):
+    assert [key[0] for key in rows] == ["target_only", "standalone"] + [m for m, _, _ in semantic.parse_rows()]
+    target, lossless = rows["target_only", None], rows["parse_lossless", None]
+    assert lossless["output_ids"] == target["output_ids"] and lossless["accuracy"] == target["accuracy"] >= 0.9
+    assert lossless["judged_share"] == 0 and target["tokens_per_target_forward"] == 1.0
+    L = ParseConfig().draft_budget
+    assert lossless["verify_rows_per_round"] == L + 1
+    for mode, threshold in rows:
+        if mode == "parse_likelihood":
+            assert rows[mode, threshold]["verify_rows_per_round"] == L + 1  # no probe rows
+        if mode == "parse_probe":
+            assert rows[mode, threshold]["verify_rows_per_round"] > L + 1
+
+
+def test_judges_beat_standalone_at_target_accuracy(rows):
+    """Likelihood λ = 0.05: >= 1.5x STANDALONE's tokens per target forward at accuracy within
+    2 points of target-only. The probe judge at τ <= 0.7 accepts the draft's wrong steps (this
+    pair's judge is not competent): more tokens per forward, lower accuracy."""
+    target, standalone = rows["target_only", None], rows["standalone", None]
+    likely = rows["parse_likelihood", 0.05]
+    assert likely["tokens_per_target_forward"] >= 1.5 * standalone["tokens_per_target_forward"]
+    assert likely["accuracy"] >= target["accuracy"] - 0.02 and likely["judged_share"] > 0.2
+    probe = [rows["parse_probe", t]["judged_share"] for t in (0.3, 0.5, 0.7, 0.9)]
+    assert probe == sorted(probe, reverse=True)  # a higher τ accepts no more
+    assert rows["parse_probe", 0.5]["tokens_per_target_forward"] >= 1.5 * standalone["tokens_per_target_forward"]
+
+
+def test_nll_and_plot(rows, semantic, tmp_path):
+    work = semantic.synthetic_workload(4)
+    few = [dict(row, output_ids=row["output_ids"][:4]) for row in rows.values()]
+    semantic.add_target_nll(few, work)
+    by_key = {(r["mode"], r["threshold"]): r for r in few}
+    assert by_key["parse_lossless", None]["target_nll"] == pytest.approx(by_key["target_only", None]["target_nll"])
+    assert all(r["target_nll"] > 0 for r in few)
+    semantic.plot(few, str(tmp_path / "curve.png"), "test")
+    assert (tmp_path / "curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
