@@ -225,9 +225,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if (args.target is None) != (args.draft is None) or (args.target is not None) != (args.prompts is not None):
         parser.error("--target, --draft and --prompts go together")
-    if args.num_problems < 1:
-        parser.error(f"--num-problems={args.num_problems} is invalid: allowed is an integer >= 1")
-    config = ParseConfig(draft_budget=args.num_steps, probe_stride=args.probe_stride)
+    for flag in ("num_problems", "max_new_tokens"):
+        if getattr(args, flag) < 1:
+            parser.error(f"--{flag.replace('_', '-')}={getattr(args, flag)} is invalid: allowed is an integer >= 1")
+    try:
+        config = ParseConfig(draft_budget=args.num_steps, probe_stride=args.probe_stride)
+    except ValueError as err:  # draft_budget is --num-steps, probe_stride --probe-stride
+        parser.error(f"--num-steps / --probe-stride: {err}")
     import parse_sglang.cpu
     import torch
 

@@ -74,3 +74,15 @@ def test_nll_and_plot(rows, semantic, tmp_path):
     assert all(r["target_nll"] > 0 for r in few)
     semantic.plot(few, str(tmp_path / "curve.png"), "test")
     assert (tmp_path / "curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--num-steps", "0"], "--num-steps / --probe-stride: draft_budget=0 is invalid"),
+    (["--max-new-tokens", "0"], "--max-new-tokens=0 is invalid: allowed is an integer >= 1"),
+    (["--num-problems", "0"], "--num-problems=0 is invalid"),
+    (["--target", "T"], "--target, --draft and --prompts go together"),
+])
+def test_bad_arguments_are_refused(semantic, capsys, argv, message):
+    with pytest.raises(SystemExit) as exc:
+        semantic.main(argv)
+    assert exc.value.code == 2 and message in capsys.readouterr().err
