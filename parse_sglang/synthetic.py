@@ -409,6 +409,21 @@ def _corrupt(rng: random.Random, problem: Problem) -> tuple[int, str, int]:
     return step, kind, rng.choice((-1, 1)) * size
 
 
+def _maybe_corrupt(rng: random.Random, problem: Problem) -> tuple[int, str, int] | None:
+    """Half of the solutions get one false statement."""
+    return _corrupt(rng, problem) if rng.random() < 0.5 else None
+
+
+def _first_valid(attempt):
+    """attempt() again until it does not raise ValueError (a draw whose stated numbers leave
+    0..MAX_NUMBER)."""
+    while True:
+        try:
+            return attempt()
+        except ValueError:
+            continue
+
+
 def target_example(rng: random.Random, enc: Encoder, probes: int) -> Example:
     """A solution for the target: in its own style (trained as text) or another (judged only);
     half of them with one false statement; `probes` judge cuts, the first error's two sides first."""
@@ -416,13 +431,7 @@ def target_example(rng: random.Random, enc: Encoder, probes: int) -> Example:
     own = rng.random() < 0.6
     weights = TARGET_STYLE if own else rng.choice((DRAFT_STYLE, UNIFORM_STYLE))
     wordings = [sample_wording(rng, weights) for _ in range(len(problem.events) + 1)]
-    while True:
-        corrupt = _corrupt(rng, problem) if rng.random() < 0.5 else None
-        try:
-            solution = write_solution(problem, wordings, corrupt=corrupt)
-            break
-        except ValueError:
-            continue
+    solution = _first_valid(lambda: write_solution(problem, wordings, corrupt=_maybe_corrupt(rng, problem)))
     chain, error, lines = enc.solution_ids(solution)
     n = len(chain)
     cuts = {error, error + 1} if error is not None else set()
@@ -449,14 +458,12 @@ def base_example(rng: random.Random, enc: Encoder) -> Example:
 
 def draft_example(rng: random.Random, enc: Encoder, arithmetic) -> Example:
     """A solution in the draft's style with the draft's arithmetic, trained as text."""
-    while True:
+    def attempt():
         problem = _problem(rng)
         wordings = [sample_wording(rng, DRAFT_STYLE) for _ in range(len(problem.events) + 1)]
-        try:
-            solution = write_solution(problem, wordings, arithmetic=arithmetic)
-            break
-        except ValueError:
-            continue
+        return problem, write_solution(problem, wordings, arithmetic=arithmetic)
+
+    problem, solution = _first_valid(attempt)
     chain, _, _ = enc.solution_ids(solution)
     return Example(tuple(enc.prompt_ids(problem)), tuple(chain), len(chain), (), ())
 
@@ -672,12 +679,7 @@ def judged_prefixes(seed: int, n: int, enc: Encoder) -> list[tuple[Problem, list
     for problem in problems(seed, n):
         weights = rng.choice((DRAFT_STYLE, UNIFORM_STYLE))
         wordings = [sample_wording(rng, weights) for _ in range(len(problem.events) + 1)]
-        while True:
-            try:
-                solution = write_solution(problem, wordings, corrupt=_corrupt(rng, problem) if rng.random() < 0.5 else None)
-                break
-            except ValueError:
-                continue
+        solution = _first_valid(lambda: write_solution(problem, wordings, corrupt=_maybe_corrupt(rng, problem)))
         chain, error, lines = enc.solution_ids(solution)
         cuts = sorted(set(lines) | {len(chain) - 1})
         out.append((problem, chain, cuts, [error is None or cut <= error for cut in cuts]))

@@ -40,7 +40,7 @@ import torch
 FAULT_ENV = "PARSE_TEST_TP_FAULT"
 FAULTS = ("skew", "skew-drafts-unsynced")
 PLAN_FIELDS = ("drafts", "draft_lens", "judged", "probed", "bounds")  # window_plan.ProbePlan
-ACCEPTED_FIELDS = ("predict", "accept_index", "accept_lens", "exact", "judged")  # worker.Accepted
+ACCEPTED_FIELDS = ("predict", "accept_index", "accept_lens", "exact", "judged")  # accepted.Accepted
 
 
 class TpSync:
@@ -66,7 +66,7 @@ class TpSync:
         return self._share(plan, PLAN_FIELDS, self.group.cpu_group)
 
     def share_accepted(self, accepted):
-        """Rank 0's acceptance decisions (`worker.Accepted`, device tensors): one broadcast
+        """Rank 0's acceptance decisions (`accepted.Accepted`, device tensors): one broadcast
         over the device group."""
         return self._share(accepted, ACCEPTED_FIELDS, self.group.device_group)
 

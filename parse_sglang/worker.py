@@ -31,13 +31,11 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Optional
 
 import torch
 from sglang.srt.layers.logits_processor import LogitsProcessorOutput
 from sglang.srt.layers.logprob_processor import compute_spec_logprobs
-from sglang.srt.layers.sampler import top_k_top_p_min_p_sampling_from_probs_torch
-from sglang.srt.managers.schedule_batch import FINISH_ABORT, ScheduleBatch
+from sglang.srt.managers.schedule_batch import ScheduleBatch
 from sglang.srt.managers.tp_worker import TpModelWorker
 from sglang.srt.managers.utils import GenerationBatchResult
 from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardBatch, ForwardMode
@@ -46,27 +44,20 @@ from sglang.srt.server_args import ServerArgs
 from sglang.srt.speculative.base_spec_worker import BaseSpecWorker
 from sglang.srt.speculative.eagle_utils import default_tree_mask_mode, eagle_sample
 from sglang.srt.speculative.spec_utils import GrammarTree, build_grammar_vocab_mask
-from sglang.srt.utils import is_cpu
 
-from parse_sglang.acceptance import accept_lengths, likelihood_scores, prefix_passes
+from parse_sglang.acceptance import accept_lengths
+from parse_sglang.accepted import Accepted, bonus_tokens
 from parse_sglang.config import ParseConfig
-from parse_sglang.counters import ServerTotals, record_round
+from parse_sglang.counters import ServerTotals
 from parse_sglang.draft_chain import DraftChain
-from parse_sglang.judge import judge_scores
-from parse_sglang.settings import (
-    RETURN_PROBE_SCORES,
-    judge_probe_for,
-    max_probes,
-    request_outputs,
-    request_parse_config,
-    server_parse_config,
-    target_tokenizer,
-    verify_window_max,
-)
-from parse_sglang.target_phase import in_target_phase, target_phase_limits, update_target_phases
+from parse_sglang.request_policy import request_policy
+from parse_sglang.round_judge import judge_window
+from parse_sglang.round_record import record_round_stats
+from parse_sglang.settings import judge_probe_for, max_probes, server_parse_config, target_tokenizer, verify_window_max
+from parse_sglang.target_phase import target_phase_limits, update_target_phases
 from parse_sglang.tp_sync import TpSync
 from parse_sglang.verify_input import ChainView
-from parse_sglang.window_plan import RequestPolicy, Window, plan_window
+from parse_sglang.window_plan import Window, plan_window
 
 logger = logging.getLogger(__name__)
 
@@ -85,26 +76,6 @@ class Committed:
         last = torch.tensor([req.output_ids[-1] for req in batch.reqs], dtype=torch.int64)
         seq_lens_cpu = batch.seq_lens_cpu if batch.seq_lens_cpu is not None else batch.seq_lens.cpu()
         return cls(batch.seq_lens, seq_lens_cpu, batch.req_pool_indices, last.to(device))
-
-
-@dataclass(frozen=True)
-class Accepted:
-    predict: torch.Tensor  # [bs * (L+1)] int32, emitted token at each chain node
-    accept_index: torch.Tensor  # [bs, L+1] int32, flat chain rows of the emitted run, -1 padded
-    accept_lens: torch.Tensor  # [bs] int32, a + 1
-    exact: torch.Tensor  # [bs] draft tokens accepted by exact match
-    judged: torch.Tensor  # [bs] draft tokens accepted only because the judge said yes
-    scores: Optional[torch.Tensor]  # [bs, K'] judge score of each real probe (None: no probes)
-    likelihood: Optional[torch.Tensor]  # [bs, K'] smallest draft-token probability up to each boundary
-
-
-@dataclass(frozen=True)
-class Verdict:
-    """The judge's view of a round (`ParseWorker._judge`)."""
-
-    probe_scores: Optional[torch.Tensor]  # [bs, K'] P(yes)/(P(yes)+P(no)) at each boundary (None: no probes)
-    likelihood: Optional[torch.Tensor]  # [bs, K'] min target probability of d_1..d_{b_k} (None: not asked)
-    passed: torch.Tensor  # [bs, K'] bool, the prefix ending at b_k passes its request's judge
 
 
 class ParseWorker(BaseSpecWorker):
@@ -152,7 +123,7 @@ class ParseWorker(BaseSpecWorker):
     def _round(self, batch: ScheduleBatch) -> GenerationBatchResult:
         """One PARSE round for every request of a decode batch (DESIGN.md §1, steps 1-9)."""
         committed = Committed.of(batch, self.device)
-        policies = [self._policy(req) for req in batch.reqs]
+        policies = [request_policy(req, self.config) for req in batch.reqs]
         drafts, draft_graphed = self._draft(batch, committed)  # 1. d_1..d_L
         window = self._plan_window(committed, drafts, policies)  # 2.-5. boundaries, probes, mask
         chain_logits, probe_logits, verify_graphed = self._verify(batch, committed, window)  # 6. ONE forward
@@ -226,7 +197,7 @@ class ParseWorker(BaseSpecWorker):
         )
         exact = exact_lens.to(torch.int64) - 1
         drafts = window.chain_tokens[:, 1:]
-        verdict = self._judge(window, chain_logits.view(bs, width, -1), probe_logits)
+        verdict = judge_window(window, chain_logits.view(bs, width, -1), probe_logits, self.probe)
         # accept_lengths' exact part is switched off (draft_lens 0): eagle_sample gave it.
         judge_len = accept_lengths(
             draft=drafts,
@@ -247,7 +218,7 @@ class ParseWorker(BaseSpecWorker):
         own_bonus = (accepted > exact) | window.sampled
         bonus = exact_bonus
         if bool(own_bonus.any()):
-            sampled_bonus = self._bonus_tokens(batch, chain_logits.view(bs, width, -1), accepted)
+            sampled_bonus = bonus_tokens(batch, chain_logits.view(bs, width, -1), accepted)
             bonus = torch.where(own_bonus, sampled_bonus, exact_bonus)
         emitted = torch.cat([drafts, torch.zeros_like(drafts[:, :1])], dim=1)
         emitted.scatter_(1, accepted[:, None], bonus[:, None])
@@ -263,28 +234,6 @@ class ParseWorker(BaseSpecWorker):
             scores=verdict.probe_scores,
             likelihood=verdict.likelihood,
         )
-
-    def _judge(self, window: Window, chain_logits: torch.Tensor, probe_logits: torch.Tensor) -> "Verdict":
-        """Each boundary-ending prefix's judge scores and whether it passes its request's judge
-        (probe score >= τ, and / or every draft token's target probability >= λ)."""
-        bounds = window.boundaries
-        zeros = torch.zeros(bounds.shape, device=self.device)
-        probe_scores = likelihood = None
-        if window.shape.num_probes:
-            probe_scores = judge_scores(probe_logits, self.probe).gather(1, window.probe_slots)
-        if bool(window.uses_likelihood.any()):
-            drafts = window.chain_tokens[:, 1:]
-            token_probs = torch.softmax(chain_logits[:, :-1].float(), dim=-1).gather(-1, drafts[..., None]).squeeze(-1)
-            likelihood = likelihood_scores(token_probs, bounds)
-        passed = prefix_passes(
-            probe_scores if probe_scores is not None else zeros,
-            window.thresholds,
-            likelihood if likelihood is not None else zeros,
-            window.likelihood_thresholds,
-            window.uses_probe,
-            window.uses_likelihood,
-        )
-        return Verdict(probe_scores, likelihood, passed)
 
     # ----- SGLang bookkeeping around the round ------------------------------------------
 
@@ -319,48 +268,6 @@ class ParseWorker(BaseSpecWorker):
         batch.seq_lens_cpu = committed.seq_lens_cpu + extra
         batch.seq_lens_sum = int(batch.seq_lens_cpu.sum())
 
-    def _policy(self, req) -> RequestPolicy:
-        """What this round needs of a request (its ParseConfig resolved once per request)."""
-        config = self._request_config(req)
-        sampled = is_cpu() and req.sampling_params.top_k != 1  # SGLang marks greedy requests with top_k 1
-        params = req.sampling_params
-        stops = frozenset()
-        if not params.ignore_eos:
-            stops = set(params.stop_token_ids or ()) | set(req.eos_token_ids or ())
-            if req.tokenizer is not None and req.tokenizer.eos_token_id is not None:
-                stops.add(req.tokenizer.eos_token_id)
-            stops = frozenset(stops)
-        budget = config.draft_budget
-        if params.max_new_tokens is not None:  # one token of what is left is the round's bonus
-            budget = min(budget, max(params.max_new_tokens - len(req.output_ids) - 1, 1))
-        return RequestPolicy(
-            config=config,
-            budget=budget,
-            judged=config.judge
-            and req.grammar is None
-            and in_target_phase(req) is None
-            and not sampled,
-            sampled=sampled,
-            stop_ids=stops,
-        )
-
-    def _request_config(self, req) -> ParseConfig:
-        """The request's ParseConfig (and `req.parse_outputs`, its output options), resolved
-        once; a bad one (SamplingParams.verify already refuses those in the main process)
-        aborts the request and serves it losslessly."""
-        config = getattr(req, "parse_config", None)
-        if config is None:
-            custom = req.sampling_params.custom_params
-            try:
-                config = request_parse_config(custom, self.config)
-                req.parse_outputs = request_outputs(custom)
-            except ValueError as err:
-                req.to_finish = FINISH_ABORT(str(err), 400, "BadRequestError")
-                config = ParseConfig.from_dict({"judge": False}, base=self.config)
-                req.parse_outputs = frozenset()
-            req.parse_config = config
-        return config
-
     def _update_target_phases(self, reqs, window: Window, accepted: Accepted) -> None:
         """Enter a target phase after a judged rejection; leave it where its run was cut."""
         update_target_phases(
@@ -373,40 +280,9 @@ class ParseWorker(BaseSpecWorker):
             emitted=accepted.predict.view(len(reqs), window.width).tolist(),
         )
 
-    def _bonus_tokens(self, batch: ScheduleBatch, chain_logits: torch.Tensor, accepted: torch.Tensor) -> torch.Tensor:
-        """t_a from chain row a (penalties, bias and grammar already applied by eagle_sample):
-        argmax for an all-greedy batch, else sampled with each request's temperature / top-k /
-        top-p / min-p (greedy requests have top-k 1, so they still get the argmax)."""
-        rows = chain_logits.gather(1, accepted[:, None, None].expand(-1, 1, chain_logits.shape[-1])).squeeze(1)
-        info = batch.sampling_info
-        if info.is_all_greedy:
-            return rows.argmax(dim=-1)
-        probs = torch.softmax(rows / info.temperatures.view(-1, 1), dim=-1)
-        return top_k_top_p_min_p_sampling_from_probs_torch(
-            probs,
-            info.top_ks,
-            info.top_ps,
-            info.min_ps,
-            info.need_min_p_sampling,
-            info.sampling_seed,
-            batch.seq_lens + accepted,
-        ).to(torch.int64)
-
     def _record_stats(self, reqs, window: Window, accepted: Accepted, graphed: bool) -> None:
-        """Per-request counters (meta_info["parse"]) and the server's totals (get_server_info,
-        /metrics): parse_sglang/counters.py. Judge probes: the real ones (a boundary of a
-        request judged with the probe)."""
-        draft_lens, exact, judged = window.draft_lens.tolist(), accepted.exact.tolist(), accepted.judged.tolist()
-        real_probes = (window.boundaries > 0) & window.uses_probe[:, None]
-        probe_counts = real_probes.sum(dim=1).tolist()
-        scores = accepted.scores[real_probes].tolist() if accepted.scores is not None else []
-        new_requests = 0
-        for i, req in enumerate(reqs):
-            probes = _probe_round(window, accepted, i) if RETURN_PROBE_SCORES in req.parse_outputs else None
-            new_requests += record_round(req, draft_lens[i], exact[i], judged[i], probe_counts[i], probes)
-        self.totals.add_pass(
-            new_requests, len(reqs), sum(draft_lens), sum(exact), sum(judged), scores, graphed, len(reqs) * window.shape.rows
-        )
+        """Per-request counters and the server's totals (round_record)."""
+        record_round_stats(self.totals, reqs, window, accepted, graphed)
 
     def _result(self, batch, committed: Committed, window: Window, accepted: Accepted, chain_logits, graphed: bool):
         """What SGLang's scheduler commits; `graphed` (the draft chain and the verify both ran
@@ -444,21 +320,3 @@ class ParseWorker(BaseSpecWorker):
     def spec_v2_attn_backends(self) -> tuple:
         return (self.target_worker.model_runner.attn_backend, self.draft_runner.attn_backend)
 
-
-def _probe_round(window: Window, accepted: Accepted, i: int) -> dict:
-    """Request i's `probe_scores` entry of this round: the draft it verified, how much of it
-    was accepted (and how much by exact match), [boundary, judge score] of each real probe
-    and [boundary, smallest draft-token probability up to it] where the likelihood judge ran."""
-
-    def per_boundary(values: Optional[torch.Tensor], used: torch.Tensor) -> list:
-        if values is None or not bool(used[i]):
-            return []
-        return [[b, v] for b, v in zip(window.boundaries[i].tolist(), values[i].tolist()) if b > 0]
-
-    return {
-        "draft": window.chain_tokens[i, 1 : 1 + int(window.draft_lens[i])].tolist(),
-        "accepted": int(accepted.exact[i] + accepted.judged[i]),
-        "exact": int(accepted.exact[i]),
-        "probes": per_boundary(accepted.scores, window.uses_probe),
-        "likelihood": per_boundary(accepted.likelihood, window.uses_likelihood),
-    }

@@ -240,9 +240,9 @@ def test_demo_command(smollm2_dirs, tmp_path):
     assert re.search(r"^target only\s+(\d+)\s+\1\s+1\.00\s", out, re.M)
     # The same PARSE engine answered again with the likelihood judge (per-request judge_mode).
     likely = [tuple(map(int, m)) for m in
-              re.findall(r"PARSE likelihood λ=0\.3 stats: (\d+) tokens in (\d+) target forwards", out)]
+              re.findall(r"PARSE likelihood λ=0\.05 stats: (\d+) tokens in (\d+) target forwards", out)]
     assert len(likely) == 2 and all(1 <= fwd <= tokens <= 16 for tokens, fwd in likely)
-    row = re.search(r"^PARSE likelihood λ=0\.3\s+(\d+)\s+(\d+)", out, re.M)
+    row = re.search(r"^PARSE likelihood λ=0\.05\s+(\d+)\s+(\d+)", out, re.M)
     assert row and (int(row[1]), int(row[2])) == tuple(map(sum, zip(*likely)))
 
 

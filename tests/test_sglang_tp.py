@@ -98,7 +98,7 @@ class _Record:
 
 @dataclasses.dataclass
 class _Accepted:
-    """worker.Accepted's shared fields (that module imports SGLang's runtime)."""
+    """accepted.Accepted's shared fields (without importing SGLang in the test process)."""
 
     predict: torch.Tensor
     accept_index: torch.Tensor
