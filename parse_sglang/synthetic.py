@@ -1,6 +1,7 @@
 """A trained synthetic target/draft pair ("model organism") that makes PARSE measurable offline.
 
     python -m parse_sglang.synthetic build [--json] [--cache-dir DIR]
+    python -m parse_sglang.synthetic judge [--num-problems N] [--json]   # the judge's ROC AUC
 
 WHAT IT IS: a synthetic stand-in, NOT evidence about large models. Two tiny Llama models are
 trained on CPU in a few minutes on multi-step arithmetic word problems ("Mia has 7 apples. She
@@ -35,10 +36,16 @@ complete; training takes about 6 minutes on 2 CPU cores. Nothing is downloaded.
 
 MEASURED (60 held-out problems, tests/test_synthetic.py): target answer accuracy 0.98, draft
 0.85; step accuracy target 0.99, draft 0.94; the draft's next-token agreement with the target
-0.53. The probe judge is NOT competent yet: its ROC AUC on 323 held-out partial solutions is
-0.69 (`judge_auc`), and its scores follow how far into the solution the cut is rather than
-whether a step is wrong. Longer judge training in the time budget (300 to 700 steps, 3 to 8
-probes per example, learning rates 3e-3 to 1e-2) did not move it above 0.72.
+0.53. The probe judge is NOT competent: `python -m parse_sglang.synthetic judge` (100 held-out
+solutions per row, half with one false statement, 391 prefixes) gives ROC AUC 0.63 on the
+training mix. It catches a wrong final answer (0.93: a copy of the last total, right before the
+cut) but not a wrong step (0.64-0.68 for wrong results, amounts, totals, operations; 0.42-0.53,
+chance, at the first cut after the wrong step): its scores follow how far into the solution the
+cut is. What did not change that within the build budget: longer judge training (300 to 700
+steps, 3 to 8 probes per example, learning rates 3e-3 to 1e-2), a judge trained alone from
+scratch, wrong results only, tied embeddings, and supervising the error directly ("No" as the
+next token right after a wrong result, in solutions and in drills of single step lines). The
+model learns to write y = x +/- a, not, in this budget, to check it.
 """
 
 from __future__ import annotations
@@ -402,16 +409,18 @@ def draft_arithmetic(bad: frozenset[tuple[int, int, int]]):
     return arithmetic
 
 
-def _corrupt(rng: random.Random, problem: Problem) -> tuple[int, str, int]:
-    kind = rng.choices(CORRUPTIONS, weights=(0.45, 0.15, 0.15, 0.1, 0.15))[0]
+def _corrupt(rng: random.Random, problem: Problem, kind: str | None = None) -> tuple[int, str, int]:
+    """One false statement: of `kind`, or of a kind drawn with the training mix."""
+    if kind is None:
+        kind = rng.choices(CORRUPTIONS, weights=(0.45, 0.15, 0.15, 0.1, 0.15))[0]
     step = len(problem.events) if kind == "answer" else rng.randrange(len(problem.events))
     size = rng.choices((1, 2, 3, rng.randint(4, 8)), weights=(0.55, 0.2, 0.1, 0.15))[0]
     return step, kind, rng.choice((-1, 1)) * size
 
 
-def _maybe_corrupt(rng: random.Random, problem: Problem) -> tuple[int, str, int] | None:
+def _maybe_corrupt(rng: random.Random, problem: Problem, kind: str | None = None) -> tuple[int, str, int] | None:
     """Half of the solutions get one false statement."""
-    return _corrupt(rng, problem) if rng.random() < 0.5 else None
+    return _corrupt(rng, problem, kind) if rng.random() < 0.5 else None
 
 
 def _first_valid(attempt):
@@ -670,37 +679,52 @@ def step_accuracy(texts: Sequence[str], items: Sequence[Problem]) -> float:
     return sum(results) / max(len(results), 1)
 
 
-def judged_prefixes(seed: int, n: int, enc: Encoder) -> list[tuple[Problem, list[int], list[int], list[bool]]]:
-    """`n` held-out solutions to judge: in the draft's or any wording, half with one false step;
-    each as (problem, solution ids + EOS, cuts at its line ends and its end, label per cut: no
-    false statement before the cut)."""
+def judged_prefixes(seed: int, n: int, enc: Encoder,
+                    kind: str | None = None) -> list[tuple[Problem, list[int], list[int], list[bool]]]:
+    """`n` held-out solutions to judge: in the draft's or any wording, half with one false
+    statement (of `kind`, one of CORRUPTIONS, or of the training mix); each as (problem, solution
+    ids + EOS, cuts at its line ends and its end, label per cut: no false statement before the cut)."""
+    if kind is not None and kind not in CORRUPTIONS:
+        raise ValueError(f"kind={kind!r} is invalid: allowed is None or one of {CORRUPTIONS}")
     rng = random.Random(f"parse-sglang-synthetic-judged-{seed}")
     out = []
     for problem in problems(seed, n):
         weights = rng.choice((DRAFT_STYLE, UNIFORM_STYLE))
         wordings = [sample_wording(rng, weights) for _ in range(len(problem.events) + 1)]
-        solution = _first_valid(lambda: write_solution(problem, wordings, corrupt=_maybe_corrupt(rng, problem)))
+        solution = _first_valid(lambda: write_solution(problem, wordings, corrupt=_maybe_corrupt(rng, problem, kind)))
         chain, error, lines = enc.solution_ids(solution)
         cuts = sorted(set(lines) | {len(chain) - 1})
         out.append((problem, chain, cuts, [error is None or cut <= error for cut in cuts]))
     return out
 
 
-def judge_auc(target, enc: Encoder, seed: int, n: int) -> tuple[float, int]:
+@dataclass(frozen=True)
+class JudgeAuc:
+    """How well the probe separates correct from incorrect prefixes (judge_auc)."""
+
+    auc: float  # over every cut
+    prefixes: int
+    auc_at_error: float  # negatives: only the first cut after each error (is it seen where it is written?)
+
+
+def judge_auc(target, enc: Encoder, seed: int, n: int, kind: str | None = None) -> JudgeAuc:
     """ROC AUC of the target's judge score (PARSE's probe, scored by ONE parallel_verify forward
-    per solution) on judged_prefixes(seed, n); returns (AUC, prefixes scored)."""
+    per solution) on judged_prefixes(seed, n, kind)."""
     import torch
 
     from parse_sglang.judge import judge_scores
     from parse_sglang.reference import parallel_verify
 
-    scores, labels = [], []
-    for problem, chain, cuts, cut_labels in judged_prefixes(seed, n, enc):
+    scores, labels, at_error = [], [], []
+    for problem, chain, cuts, cut_labels in judged_prefixes(seed, n, enc, kind):
         with torch.no_grad():
             _, probe_logits = parallel_verify(target, enc.prompt_ids(problem), chain, cuts, enc.probe.suffix_ids)
         scores += judge_scores(probe_logits, enc.probe).tolist()
+        first_wrong = cut_labels.index(False) if False in cut_labels else None
+        at_error += [ok or i == first_wrong for i, ok in enumerate(cut_labels)]
         labels += cut_labels
-    return roc_auc(scores, labels), len(scores)
+    kept = [(score, ok) for score, ok, keep in zip(scores, labels, at_error) if keep]
+    return JudgeAuc(roc_auc(scores, labels), len(scores), roc_auc(*zip(*kept)))
 
 
 def grow(base, shape: Shape, tokenizer):
@@ -877,6 +901,17 @@ def weights_hash(model_dir) -> str:
     return hashlib.sha256((Path(model_dir) / WEIGHTS_FILE).read_bytes()).hexdigest()
 
 
+def judge_report(target, enc: Encoder, num_problems: int) -> list[dict]:
+    """judge_auc of `target` on held-out solutions with the training mix of false statements and
+    with each kind alone."""
+    rows = []
+    for kind in (None, *CORRUPTIONS):
+        measured = judge_auc(target, enc, TEST_SEED, num_problems, kind)
+        rows.append({"kind": kind or "mix", "auc": round(measured.auc, 3),
+                     "auc_at_error": round(measured.auc_at_error, 3), "prefixes": measured.prefixes})
+    return rows
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     import argparse
     import json
@@ -886,11 +921,24 @@ def main(argv: Sequence[str] | None = None) -> int:
                                      description="Build (or find in the cache) the synthetic target/draft pair.")
     sub = parser.add_subparsers(dest="command", required=True)
     cmd = sub.add_parser("build", help="train the pair once into the cache; print the target and draft directories")
-    cmd.add_argument("--cache-dir", help="cache root (default: $PARSE_SGLANG_CACHE or ~/.cache/parse-sglang)")
+    judge = sub.add_parser("judge", help="ROC AUC of the target's probe judge, per kind of false statement")
+    judge.add_argument("--num-problems", type=int, default=100, help="held-out solutions per kind (half wrong)")
+    for each in (cmd, judge):
+        each.add_argument("--cache-dir", help="cache root (default: $PARSE_SGLANG_CACHE or ~/.cache/parse-sglang)")
     cmd.add_argument("--json", action="store_true", help='print {"target": DIR, "draft": DIR}')
+    judge.add_argument("--json", action="store_true", help="one JSON object per kind")
     args = parser.parse_args(argv)
+    if args.command == "judge" and args.num_problems < 2:
+        parser.error(f"--num-problems={args.num_problems} is invalid: allowed is an integer >= 2")
     target, draft = build(args.cache_dir, log=lambda line: print(line, file=sys.stderr, flush=True))
-    if args.json:
+    if args.command == "judge":
+        enc, target_model, _ = load_pair(target, draft)
+        rows = judge_report(target_model, enc, args.num_problems)
+        from parse_sglang.demo import table
+
+        print("\n".join(json.dumps(row) for row in rows) if args.json else
+              table(list(rows[0]), [[str(v) for v in row.values()] for row in rows]))
+    elif args.json:
         print(json.dumps({"target": str(target), "draft": str(draft)}))
     else:
         print(f"target: {target}\ndraft:  {draft}")

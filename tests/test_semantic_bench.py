@@ -19,7 +19,7 @@ from parse_sglang.config import ParseConfig
 
 pytestmark = pytest.mark.sglang
 
-NUM_PROBLEMS = 48
+NUM_PROBLEMS = 32
 SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "semantic.py"
 
 

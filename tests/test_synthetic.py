@@ -116,3 +116,34 @@ def test_models_load_as_plain_checkpoints(synthetic_pair):
         return cfg.num_hidden_layers * layer + cfg.hidden_size * cfg.vocab_size
 
     assert per_token(target_cfg) >= 3 * per_token(draft_cfg)
+
+
+def test_judged_prefixes_of_one_kind(loaded_pair):
+    """Held-out solutions to judge can carry one kind of false statement only: a wrong final
+    answer makes only the last cut wrong; a wrong step makes every cut after it wrong."""
+    enc = loaded_pair[0]
+    answer = synthetic.judged_prefixes(synthetic.TEST_SEED, 40, enc, "answer")
+    wrong = [labels for *_, labels in answer if not all(labels)]
+    assert wrong and all(labels[:-1] == [True] * (len(labels) - 1) and not labels[-1] for labels in wrong)
+    result = synthetic.judged_prefixes(synthetic.TEST_SEED, 40, enc, "result")
+    wrong = [labels for *_, labels in result if not all(labels)]
+    assert wrong and all(labels == sorted(labels, reverse=True) for labels in wrong)
+    assert any(labels.count(False) > 1 for labels in wrong)
+    with pytest.raises(ValueError, match="kind='size' is invalid: allowed is None or one of"):
+        synthetic.judged_prefixes(synthetic.TEST_SEED, 4, enc, "size")
+
+
+def test_judge_cli_reports_each_kind(loaded_pair, capsys):
+    """`python -m parse_sglang.synthetic judge`: one row for the training mix and one per kind,
+    each over every cut of judged_prefixes."""
+    import json
+
+    assert synthetic.main(["judge", "--num-problems", "12", "--json"]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [row["kind"] for row in rows] == ["mix", *synthetic.CORRUPTIONS]
+    for row in rows:
+        kind = None if row["kind"] == "mix" else row["kind"]
+        cuts = sum(len(cuts) for _, _, cuts, _ in synthetic.judged_prefixes(synthetic.TEST_SEED, 12, loaded_pair[0], kind))
+        assert row["prefixes"] == cuts and 0.0 <= row["auc_at_error"] <= 1.0 and 0.0 <= row["auc"] <= 1.0
+    with pytest.raises(SystemExit):
+        synthetic.main(["judge", "--num-problems", "1"])
