@@ -167,17 +167,22 @@ def add_target_nll(rows: list[dict], work: Workload) -> None:
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(work.target, dtype=torch.float32).eval()
-    for row in rows:
-        total = count = 0.0
-        for prompt, out in zip(work.prompt_ids, row["output_ids"]):
-            if not out:
-                continue
+    summed: dict[tuple[int, tuple[int, ...]], float] = {}  # rows often share outputs: one forward each
+
+    def nll_sum(i: int, out: list[int]) -> float:
+        key = (i, tuple(out))
+        if key not in summed:
+            prompt = work.prompt_ids[i]
             ids = torch.tensor([prompt + out])
             with torch.no_grad():
                 logits = model(input_ids=ids).logits[0, len(prompt) - 1:-1].float()
-            total += float(torch.nn.functional.cross_entropy(logits, ids[0, len(prompt):], reduction="sum"))
-            count += len(out)
-        row["target_nll"] = total / count if count else math.nan
+            summed[key] = float(torch.nn.functional.cross_entropy(logits, ids[0, len(prompt):], reduction="sum"))
+        return summed[key]
+
+    for row in rows:
+        outs = [(i, out) for i, out in enumerate(row["output_ids"]) if out]
+        count = sum(len(out) for _, out in outs)
+        row["target_nll"] = sum(nll_sum(i, out) for i, out in outs) / count if count else math.nan
 
 
 def plot(rows: list[dict], path: str, title: str) -> None:

@@ -9,8 +9,8 @@ buys 5 more. She sells 3. How many apples does Mia have now?") whose solutions a
 sentence per line with several equivalent wordings per step, and a last line "The answer is N.".
 It reproduces, in miniature, the regime PARSE is for: a draft that is mostly right but words
 things its own way (low token agreement with the target, high step accuracy), and a target that
-is trained to judge whether the steps so far are right (it does not yet: see MEASURED). It says nothing about how well a real model judges
-or how fast PARSE is on real models.
+is trained to judge whether the steps so far are right (it has not learnt to: see MEASURED). It
+says nothing about how well a real model judges or how fast PARSE is on real models.
 
 - The TARGET solves the problems greedily in its own preferred wording, and is trained to answer
   PARSE's own judge probe (`parse_sglang.judge.build_judge_probe(tokenizer).suffix_ids`, appended
@@ -41,7 +41,8 @@ solutions per row, half with one false statement, 391 prefixes) gives ROC AUC 0.
 training mix. It catches a wrong final answer (0.93: a copy of the last total, right before the
 cut) but not a wrong step (0.64-0.68 for wrong results, amounts, totals, operations; 0.42-0.53,
 chance, at the first cut after the wrong step): its scores follow how far into the solution the
-cut is. What did not change that within the build budget: longer judge training (300 to 700
+cut is. What did not change that within the build budget (scratch experiments, recorded in
+the closing notes of issue 10): longer judge training (300 to 700
 steps, 3 to 8 probes per example, learning rates 3e-3 to 1e-2), a judge trained alone from
 scratch, wrong results only, tied embeddings, and supervising the error directly ("No" as the
 next token right after a wrong result, in solutions and in drills of single step lines). The

@@ -145,5 +145,8 @@ def test_judge_cli_reports_each_kind(loaded_pair, capsys):
         kind = None if row["kind"] == "mix" else row["kind"]
         cuts = sum(len(cuts) for _, _, cuts, _ in synthetic.judged_prefixes(synthetic.TEST_SEED, 12, loaded_pair[0], kind))
         assert row["prefixes"] == cuts and 0.0 <= row["auc_at_error"] <= 1.0 and 0.0 <= row["auc"] <= 1.0
+    # A wrong final answer makes only the last cut wrong, so "at the error" keeps every cut.
+    answer = rows[-1]
+    assert answer["kind"] == "answer" and answer["auc_at_error"] == answer["auc"]
     with pytest.raises(SystemExit):
         synthetic.main(["judge", "--num-problems", "1"])
