@@ -221,7 +221,7 @@ def reference_runs(target, tokenizer, trajectories, draft_dirs, budget, log):
     No wall times: the reference is the readable implementation, not the fast path."""
     from transformers import AutoModelForCausalLM
 
-    from parse_sglang.config import ParseConfig
+    from parse_sglang.settings import ParseConfig
     from parse_sglang.reference import ParseGenerator
 
     max_new = max(len(o) for _, o in trajectories)

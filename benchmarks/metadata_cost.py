@@ -5,9 +5,11 @@ Side by side, for one decode batch at contexts 1k / 8k / 32k:
   before the window moved to the device): everything, the FULL mask included, is made on
   the host and would be copied to the device;
 - device-built (`window_plan.plan_window`, what the worker runs now): the host places the
-  boundaries; ids, positions and both masks are built on the device.
-Bytes are counted with `parse_sglang.host_traffic.HostTraffic` (device tensors on `meta`, so
-no GPU is needed to count them); times are wall-clock medians of building on this machine's
+  boundaries and sends one packed plan; ids, positions and both masks are built on the device,
+  the FULL mask written into a buffer reserved once (`attention.window.FullMaskBuffer`).
+Bytes are counted with `support.host_traffic.HostTraffic` (device tensors on `meta`, so
+no GPU is needed to count them; new tensors only, not views or in-place writes) after one
+warm-up round (the per-shape constants a worker makes once); times are wall-clock medians of building on this machine's
 CPU (for the device-built path that is the device work on a CPU, not a GPU figure).
 
 Run:  python benchmarks/metadata_cost.py [--batch 8] [--draft 32] [--stride 8] [--suffix 23]
@@ -17,13 +19,16 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import tempfile
 import time
+from pathlib import Path
 
 import torch
 
-from parse_sglang.attention.layout import VerifyRequest, build_verify_layout
-from parse_sglang.host_traffic import HostTraffic
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout's `support` package
+from parse_sglang.attention.layout import VerifyRequest, build_verify_layout  # noqa: E402
+from support.host_traffic import HostTraffic  # noqa: E402
 
 CONTEXTS = (1024, 8192, 32768)
 
@@ -49,9 +54,10 @@ def main() -> None:
     import parse_sglang.cpu
 
     parse_sglang.cpu.enable()  # the window planner builds SGLang's verify input
-    from parse_sglang.config import ParseConfig
-    from parse_sglang.tiny_models import build_tokenizer
-    from parse_sglang.window_plan import RequestPolicy, plan_window
+    from parse_sglang.settings import ParseConfig
+    from parse_sglang.window_plan import RequestPolicy
+    from support.offline_round import OfflineRound
+    from support.tiny_models import build_tokenizer
 
     torch.set_num_threads(1)
     probes = args.draft // args.stride
@@ -64,24 +70,20 @@ def main() -> None:
         reqs = [VerifyRequest(context, 0, row, bounds, [0] * args.suffix) for row in drafts_host.tolist()]
         return lambda: build_verify_layout(reqs)
 
+    window = 1 + args.draft + probes * args.suffix
+    planners = {device: OfflineRound(tokenizer, policy, args.batch, args.suffix, window, max(CONTEXTS), device)
+                for device in ("meta", "cpu")}  # fmt: skip
+    for planner in planners.values():
+        planner.plan(drafts_host, CONTEXTS[0], probes)  # warm-up: the per-shape constants
+
     def device_built(context, device):
-        inputs = dict(
-            drafts=drafts_host.to(device),
-            last_tokens=torch.zeros(args.batch, dtype=torch.int64, device=device),
-            prefix_lens=torch.full((args.batch,), context, dtype=torch.int64, device=device),
-            suffix_ids=torch.zeros(args.suffix, dtype=torch.int64, device=device),
-        )
-        return lambda: plan_window(
-            **inputs, drafts_host=drafts_host, prefix_sum=args.batch * context, policies=[policy] * args.batch,
-            tokenizer=tokenizer, fixed_probes=probes, full_mask_form=True,
-        )  # fmt: skip
+        return lambda: planners[device].plan(drafts_host, context, probes)
 
     def counted(build) -> HostTraffic:
         with HostTraffic() as traffic:
             build()
         return traffic
 
-    window = 1 + args.draft + probes * args.suffix
     print(f"batch {args.batch}, L={args.draft}, K={probes}, m={args.suffix}: N = {window} rows per request")
     print(f"{'context':>8} | {'host-built ms':>13} {'host KiB':>9} | {'device-built ms':>15} {'host KiB':>9} {'to-device KiB':>13} {'device KiB':>11}")
     for context in CONTEXTS:
@@ -92,8 +94,8 @@ def main() -> None:
             f"{median_ms(device_built(context, 'cpu')):>15.1f} {new.host_bytes / 1024:>9.1f} "
             f"{new.to_device_bytes / 1024:>13.1f} {new.device_bytes / 1024:>11.0f}"
         )
-    print("host KiB (host-built) would all cross to the device each round; device KiB is the device's own work,")
-    print("mostly the FULL mask FlashInfer reads (N x (P + N) per request).")
+    print("host KiB (host-built) would all cross to the device each round; device KiB is what the device-built")
+    print("round allocates on the device (the FULL mask goes into a buffer reserved once, N x N written per request).")
 
 
 if __name__ == "__main__":

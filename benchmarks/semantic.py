@@ -18,7 +18,7 @@ and `target_nll` (the target's own mean negative log-likelihood per output token
 transformers: what a judge that accepts un-target-like text costs by the target's measure).
 
 --pair synthetic (default): held-out problems of the synthetic trained pair
-(parse_sglang.synthetic, a stand-in that makes the judge measurable offline, NOT evidence about
+(support.synthetic, a stand-in that makes the judge measurable offline, NOT evidence about
 large models), graded by their answer. --pair smollm2: SmolLM2-135M-Instruct and its
 layer-dropped draft on fixed questions, ungraded. Your own pair: --target/--draft/--prompts
 FILE (a JSON list of strings, or one prompt per line, chat template applied) and optionally
@@ -38,7 +38,7 @@ import time
 from pathlib import Path
 from typing import Callable, Sequence
 
-from parse_sglang.config import ParseConfig
+from parse_sglang.settings import ParseConfig
 from parse_sglang.demo import DEFAULT_PROMPTS, chat_prompt_ids, engine_kwargs, parse_engine_kwargs, table, target_forwards
 
 PROBE_THRESHOLDS = (0.3, 0.5, 0.7, 0.9)
@@ -59,7 +59,7 @@ class Workload:
 
 
 def synthetic_workload(num_problems: int, cache_dir=None) -> Workload:
-    from parse_sglang import synthetic
+    from support import synthetic
     from transformers import AutoTokenizer
 
     target, draft = synthetic.build(cache_dir, log=lambda line: print(line, file=sys.stderr, flush=True))

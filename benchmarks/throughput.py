@@ -23,7 +23,7 @@ import time
 
 from parse_sglang.cpu import engine_settings
 from parse_sglang.demo import chat_prompt_ids, target_forwards
-from parse_sglang.tiny_models import build_pair
+from support.tiny_models import build_pair
 
 PROMPTS = [
     "Explain why the sky is blue in two sentences.",

@@ -25,7 +25,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
 from parse_sglang.judge import build_judge_probe
 from parse_sglang.reference import _masked_forward, _window
-from parse_sglang.tiny_models import build_model
+from support.tiny_models import build_model
 
 
 def _median_ms(fn, repeats: int) -> float:

@@ -1,21 +1,23 @@
-"""Which draft prefix a round keeps: a = max(exact-match prefix, judged prefix).
+"""Which draft prefix a round keeps: a = max(exact-match prefix, judged prefix), and what
+the round then emits.
 
-A boundary-ending prefix d_1..d_{b_k} passes the judge (`prefix_passes`) by its judge_mode:
-"probe" — the target's answer to the judge probe after it, P(yes)/(P(yes)+P(no)) >= τ;
-"likelihood" — every draft token of it has target probability >= λ under the chain rows
-the verify pass computes anyway (no probe rows at all); "both" — both. The judged prefix
-is the longest passing one, the first failing prefix stopping it.
-
-Batched over requests with padded tensors, so the reference generator (batch of one)
-and the SGLang worker run the same rule.
+The judged prefix is the longest boundary-ending prefix that passes the judge
+(`judge.prefix_passes`), the first failing prefix stopping it. Batched over requests with
+padded tensors, so the reference generator (batch of one) and the SGLang worker run the same
+rule (`accept_lengths`). In the worker a round's decisions stay on the device (`Accepted`)
+until one packed copy brings them to the host (`RoundResult`), where counters and target
+phases are kept.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Optional, Sequence
 
 import torch
+
+from parse_sglang.judge import Verdict
+from parse_sglang.packing import fields_of, pack, unpack
 
 
 @dataclass(frozen=True)
@@ -23,32 +25,6 @@ class AcceptedLengths:
     accepted: torch.Tensor  # [B] a: draft tokens kept
     exact: torch.Tensor  # [B] a_exact: leading draft tokens equal to the target's own
     judged: torch.Tensor  # [B] a - a_exact: tokens kept only because the judge said yes
-
-
-def likelihood_scores(token_probs: torch.Tensor, boundaries: torch.Tensor) -> torch.Tensor:
-    """[B, K] the smallest target probability among d_1..d_{b_k} (0 where b_k is padding).
-
-    token_probs [B, L]: p_j = P_target(d_j | c_n d_1..d_{j-1}); boundaries [B, K] (0-padded)."""
-    running_min = token_probs.float().cummin(dim=1).values
-    picked = running_min.gather(1, (boundaries - 1).clamp(min=0))
-    return torch.where(boundaries > 0, picked, torch.zeros_like(picked))
-
-
-def prefix_passes(
-    probe_scores: torch.Tensor,
-    threshold: torch.Tensor,
-    likelihood: torch.Tensor,
-    likelihood_threshold: torch.Tensor,
-    uses_probe: torch.Tensor,
-    uses_likelihood: torch.Tensor,
-) -> torch.Tensor:
-    """[B, K] whether each boundary-ending prefix passes its request's judge (module doc).
-
-    probe_scores, likelihood [B, K] (`likelihood_scores`); threshold τ, likelihood_threshold
-    λ [B]; uses_probe, uses_likelihood [B] bool (judge_mode "probe", "likelihood", "both")."""
-    probe_ok = probe_scores >= threshold[:, None]
-    likely_ok = likelihood >= likelihood_threshold[:, None]
-    return (probe_ok | ~uses_probe[:, None]) & (likely_ok | ~uses_likelihood[:, None])
 
 
 def accept_lengths(
@@ -62,7 +38,7 @@ def accept_lengths(
     """
     draft [B, L] (padded), draft_lens [B]; target_next [B, L+1]: t_j, the target's token
     after c_n d_1..d_j; boundaries [B, K] (padded with 0) and passed [B, K] bool, whether
-    the prefix ending there passes the judge (`prefix_passes`; padding must follow a
+    the prefix ending there passes the judge (`judge.prefix_passes`; padding must follow a
     boundary equal to 0, whatever it says); judge [B] bool.
     """
     batch, length = draft.shape
@@ -99,11 +75,70 @@ def emitted_tokens(
     return tokens, False
 
 
-def pad_ragged(rows: Sequence[Sequence[int | float]], fill: int | float, dtype: torch.dtype) -> torch.Tensor:
-    """Right-pad a list of rows into one [B, max_len] tensor."""
-    width = max((len(r) for r in rows), default=0)
-    out = torch.full((len(rows), max(width, 1)), fill, dtype=dtype)
-    for i, row in enumerate(rows):
-        if len(row):
-            out[i, : len(row)] = torch.as_tensor(list(row), dtype=dtype)
-    return out
+@dataclass(frozen=True)
+class Accepted:
+    """What a round kept of each request's draft, on the device."""
+
+    emitted: torch.Tensor  # [bs, L+1] int64: d_1..d_a, then the bonus t_a at column a (later columns unused)
+    lengths: torch.Tensor  # [bs] int64 a: draft tokens kept
+    exact_tokens: torch.Tensor  # [bs] int64: of them, the exact-match run
+    verdict: Verdict
+
+    @property
+    def accept_lens(self) -> torch.Tensor:
+        """[bs] int32 a + 1: tokens the round emits (SGLang's accept length, bonus included)."""
+        return (self.lengths + 1).to(torch.int32)
+
+    def accept_index(self, chain_index: torch.Tensor) -> torch.Tensor:
+        """[bs, L+1] int32 flat chain rows of the emitted run, -1 padded; chain_index [bs, L+1]
+        is every row's flat index (`ChainView.retrieve_index`)."""
+        steps = chain_index[0]
+        return torch.where(steps <= self.lengths[:, None], chain_index, -1).to(torch.int32)
+
+
+@dataclass(frozen=True)
+class RoundResult:
+    """A round's decisions on the host: what its bookkeeping (counters, target phases,
+    probe-score reports) reads. Made by ONE device-to-host copy (`round_result`)."""
+
+    emitted: list[list[int]]  # [bs][L+1], as Accepted.emitted
+    lengths: list[int]  # a per request
+    exact_tokens: list[int]
+    probe_scores: Optional[torch.Tensor]  # [bs, K'] (None: no probe rows this round)
+    likelihood: Optional[torch.Tensor]  # [bs, K'] (None: no request judged by likelihood)
+
+    @property
+    def judged_tokens(self) -> list[int]:
+        return [a - e for a, e in zip(self.lengths, self.exact_tokens)]
+
+
+def round_result(accepted: Accepted) -> RoundResult:
+    """`accepted` on the host, in one packed copy."""
+    verdict = accepted.verdict
+    scores = [t for t in (verdict.probe_scores, verdict.likelihood) if t is not None]
+    device = [accepted.emitted, accepted.lengths, accepted.exact_tokens, *scores]
+    emitted, lengths, exact, *host_scores = unpack(pack(device).cpu(), fields_of(device))
+    probe_scores = host_scores.pop(0) if verdict.probe_scores is not None else None
+    likelihood = host_scores.pop(0) if verdict.likelihood is not None else None
+    return RoundResult(emitted.tolist(), lengths.tolist(), exact.tolist(), probe_scores, likelihood)
+
+
+def bonus_tokens(sampling_info, rows: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """t_a from each request's chain row a, rows [bs, V] (penalties, bias and grammar already
+    applied by eagle_sample): argmax for an all-greedy batch (a host-known fact), else sampled
+    with each request's temperature / top-k / top-p / min-p (greedy requests have top-k 1, so
+    they still get the argmax); positions [bs]: where the token goes (seeded sampling)."""
+    if sampling_info.is_all_greedy:
+        return rows.argmax(dim=-1)
+    from sglang.srt.layers.sampler import top_k_top_p_min_p_sampling_from_probs_torch
+
+    probs = torch.softmax(rows / sampling_info.temperatures.view(-1, 1), dim=-1)
+    return top_k_top_p_min_p_sampling_from_probs_torch(
+        probs,
+        sampling_info.top_ks,
+        sampling_info.top_ps,
+        sampling_info.min_ps,
+        sampling_info.need_min_p_sampling,
+        sampling_info.sampling_seed,
+        positions,
+    ).to(torch.int64)

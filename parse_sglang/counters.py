@@ -1,23 +1,25 @@
 """PARSE's counters: per request (`meta_info["parse"]`) and per server (`get_server_info()`,
 `/metrics`).
 
-The worker counts here (`record_round`, `ServerTotals.add_pass`); the scheduler patches publish
-what is counted (`scheduler_patches/request_stats.py`, `server_info.py`, `metrics.py`). This
+The worker counts here, from a round's host-side result (`record_round_stats`); the scheduler
+patches publish what is counted (`scheduler_patches/request_stats.py`, `server_info.py`, `metrics.py`). This
 module imports neither of them, nor SGLang, so the package has no import circle.
 
 Per request, a plain dict of ints, `meta_info["parse"]`:
 
-    {"rounds": int, "verify_passes": int, "draft_tokens": int,
+    {"rounds": int, "draft_tokens": int,
      "accepted_exact": int, "accepted_judged": int, "judge_probes": int}
 
-`accepted_exact`: draft tokens the target's own next tokens confirmed; `accepted_judged`: draft
-tokens accepted beyond that exact-match prefix because the judge said yes; `verify_passes`:
-target verify forwards the request took part in (one per round); `judge_probes`: the judge
-probes its rounds asked (a round's real probes; the padding probes that keep one window width
-across a batch are not counted). With `custom_params={"parse": {"return_probe_scores": true}}`
+`rounds`: the request's rounds (each one target verify forward); `accepted_exact`: draft tokens
+the target's own next tokens confirmed; `accepted_judged`: draft tokens accepted beyond that
+exact-match prefix because the judge said yes; `judge_probes`: the judge probes its rounds asked
+(a round's real probes; the padding probes that keep one window width across a batch are not
+counted). With `custom_params={"parse": {"return_probe_scores": true}}`
 the dict also holds `"probe_scores"`: one entry per round, `{"draft": [ids], "accepted": a,
-"probes": [[b, p], ...]}` - the draft tokens the round verified, how many of them it accepted,
-and every real probe's boundary b and judge score p (no probes: judge off for that round).
+"exact": e, "probes": [[b, p], ...], "likelihood": [[b, q], ...]}` - the draft tokens the round
+verified, how many of them it accepted (e of them by exact match), every real probe's boundary b
+and judge score p (no probes: judge off for that round), and where the likelihood judge ran,
+each boundary's smallest draft-token probability q.
 
 Per server, `ServerTotals.summary()`, counted since startup:
 
@@ -46,8 +48,12 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 from typing import Optional, Protocol, Sequence
 
+import torch
+
+from parse_sglang.settings import RETURN_PROBE_SCORES
+
 STATS_KEY = "parse"
-COUNTERS = ("rounds", "verify_passes", "draft_tokens", "accepted_exact", "accepted_judged", "judge_probes")
+COUNTERS = ("rounds", "draft_tokens", "accepted_exact", "accepted_judged", "judge_probes")
 PROBE_SCORES = "probe_scores"
 
 
@@ -63,7 +69,6 @@ def record_round(
     if first:
         stats = req.parse_stats = dict.fromkeys(COUNTERS, 0)
     stats["rounds"] += 1
-    stats["verify_passes"] += 1
     stats["draft_tokens"] += draft_tokens
     stats["accepted_exact"] += exact
     stats["accepted_judged"] += judged
@@ -148,3 +153,40 @@ TOTALS = tuple(field.name for field in fields(ServerTotals))
 
 def _ratio(num: int, den: int) -> float:
     return num / den if den else 0.0
+
+
+def record_round_stats(totals: ServerTotals, reqs, window, result, graphed: bool) -> None:
+    """Count a round: per request and in `totals`, from the round's host plan (`window.plan`)
+    and host result (`acceptance.RoundResult`); judge probes counted are the real ones (a
+    boundary of a request judged with the probe)."""
+    plan = window.plan
+    draft_lens = plan.draft_lens.tolist()
+    real_probes = (plan.bounds > 0) & plan.probed[:, None]
+    probe_counts = real_probes.sum(dim=1).tolist()
+    scores = []
+    if result.probe_scores is not None:
+        scores = result.probe_scores[real_probes[:, : result.probe_scores.shape[1]]].tolist()
+    exact, judged = result.exact_tokens, result.judged_tokens
+    new_requests = 0
+    for i, req in enumerate(reqs):
+        probes = probe_round(window, result, i) if RETURN_PROBE_SCORES in req.parse_request.outputs else None
+        new_requests += record_round(req, draft_lens[i], exact[i], judged[i], probe_counts[i], probes)
+    totals.add_pass(new_requests, len(reqs), sum(draft_lens), sum(exact), sum(judged), scores, graphed,
+                    len(reqs) * window.shape.rows)  # fmt: skip
+
+
+def probe_round(window, result, i: int) -> dict:
+    """Request i's `probe_scores` entry of this round (module docstring), from host data."""
+    plan = window.plan
+    bounds = [b for b in plan.bounds[i].tolist() if b > 0]
+
+    def per_boundary(values: Optional[torch.Tensor], used: bool) -> list:
+        return [[b, v] for b, v in zip(bounds, values[i].tolist())] if values is not None and used else []
+
+    return {
+        "draft": plan.drafts[i, : plan.draft_lens[i]].tolist(),
+        "accepted": result.lengths[i],
+        "exact": result.exact_tokens[i],
+        "probes": per_boundary(result.probe_scores, bool(plan.probed[i])),
+        "likelihood": per_boundary(result.likelihood, bool(plan.likelihood[i])),
+    }

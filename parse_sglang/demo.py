@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from parse_sglang.config import ParseConfig
+from parse_sglang.settings import ParseConfig
 
 DEFAULT_PROMPTS = (
     "What is 12 times 7?",

@@ -5,8 +5,11 @@ PARSE verify batch is wide: max_bs requests x N_max rows. At startup (main proce
 server arguments are resolved) this module computes, logs and bounds what that costs:
 
 - the target verify graph's FlashInfer KV-index buffer: max_bs * N_max * context_len int32
-  (SGLang sizes it as if every verify row could read a whole context);
-- its custom-mask buffer: max_bs * N_max * context_len bytes;
+  (SGLang sizes it as if every verify row could read a whole context), and where the window
+  has probe rows, the same for the chain-only verify graph (max_bs * (L + 1) * context_len int32;
+  a batch in which no request probes replays it);
+- PARSE's FULL custom-mask buffer, reserved once and written in place every round
+  (`attention.window.FullMaskBuffer`): at most max_bs * N_max * (context_len + N_max) bytes;
 - the draft chain's multi-step KV-index buffer: (L + 2) * max_bs * context_len int32;
 - the graphs' shared logits buffer, fp32 x vocabulary: max_bs * (L + 1 + K_max) rows, the rows
   PARSE reads (scheduler_patches/verify_graph.py; SGLang alone would reserve max_bs * N_max).
@@ -33,12 +36,18 @@ class GraphReservations:
     vocab_size: int
 
     @property
+    def chain_rows(self) -> int:
+        """L + 1: the chain-only verify width (captured too where N_max has probe rows)."""
+        return self.draft_steps - 1
+
+    @property
     def verify_kv_indices(self) -> int:
-        return self.max_bs * self.window_rows * self.context_len * 4
+        widths = self.window_rows + (self.chain_rows if self.chain_rows < self.window_rows else 0)
+        return self.max_bs * widths * self.context_len * 4
 
     @property
     def verify_custom_mask(self) -> int:
-        return self.max_bs * self.window_rows * self.context_len
+        return self.max_bs * self.window_rows * (self.context_len + self.window_rows)
 
     @property
     def draft_kv_indices(self) -> int:
@@ -60,7 +69,7 @@ class GraphReservations:
     def describe(self) -> str:
         parts = {
             "verify KV indices": self.verify_kv_indices,
-            "verify custom mask": self.verify_custom_mask,
+            "FULL custom mask": self.verify_custom_mask,
             "draft-chain KV indices": self.draft_kv_indices,
             "logits": self.logits,
         }

@@ -6,11 +6,19 @@ family, so the probe continues a conversation exactly as the template would: clo
 assistant turn, add a user turn with the question, open the assistant's answer. The score
 needs only the logits of the answer tokens (the full-vocabulary normaliser cancels), which
 is what lets the verify pass prune every probe row to `len(answer_ids)` lm_head columns.
+
+The judge's rule for a boundary-ending prefix d_1..d_{b_k} (`prefix_passes`), by judge_mode:
+"probe" — the target's answer to the judge probe after it, P(yes)/(P(yes)+P(no)) >= τ;
+"likelihood" — every draft token of it has target probability >= λ under the chain rows
+the verify pass computes anyway (no probe rows at all); "both" — both. `judge_window` is the
+verdict on a whole round's window; the reference generator (a batch of one) and the SGLang
+worker share the rule.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 
@@ -172,5 +180,85 @@ def judge_scores(logits: torch.Tensor, probe: JudgeProbe) -> torch.Tensor:
             f"logits last dimension (vocabulary) is {vocab} but probe.answer_ids reach "
             f"{max(probe.answer_ids)}; pass full-vocabulary logits of the probe's tokenizer"
         )
-    columns = torch.tensor(probe.answer_ids, device=logits.device)
-    return score_from_answer_logits(logits.index_select(-1, columns), probe)
+    return score_from_answer_logits(logits.index_select(-1, answer_columns(probe, logits.device)), probe)
+
+
+def answer_columns(probe: JudgeProbe, device) -> torch.Tensor:
+    """The vocabulary columns a probe row is scored from (`probe.answer_ids`), as a tensor made
+    once per worker."""
+    return torch.tensor(probe.answer_ids, dtype=torch.int64, device=device)
+
+
+# Rows of logits a `token_probabilities` step reads at once: bounds its logsumexp temporary
+# (rows x vocabulary fp32) to 64 MiB, whatever the batch.
+_LOGSUMEXP_ELEMENTS = 1 << 24
+
+
+def token_probabilities(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """[..., n] P(tokens[..., j]) under logits[..., j, :], read as exp(gather - logsumexp):
+    no full-vocabulary softmax is materialised (a bounded number of rows at a time)."""
+    flat = logits.reshape(-1, logits.shape[-1])
+    picked = flat.gather(1, tokens.reshape(-1, 1).to(torch.int64)).squeeze(1).float()
+    step = max(1, _LOGSUMEXP_ELEMENTS // flat.shape[1])
+    norm = torch.cat([torch.logsumexp(flat[i : i + step].float(), dim=-1) for i in range(0, flat.shape[0], step)])
+    return torch.exp(picked - norm).view(tokens.shape)
+
+
+def likelihood_scores(token_probs: torch.Tensor, boundaries: torch.Tensor) -> torch.Tensor:
+    """[B, K] the smallest target probability among d_1..d_{b_k} (0 where b_k is padding).
+
+    token_probs [B, L]: p_j = P_target(d_j | c_n d_1..d_{j-1}); boundaries [B, K] (0-padded)."""
+    running_min = token_probs.float().cummin(dim=1).values
+    picked = running_min.gather(1, (boundaries - 1).clamp(min=0))
+    return torch.where(boundaries > 0, picked, torch.zeros_like(picked))
+
+
+def prefix_passes(
+    probe_scores: torch.Tensor,
+    threshold: torch.Tensor,
+    likelihood: torch.Tensor,
+    likelihood_threshold: torch.Tensor,
+    uses_probe: torch.Tensor,
+    uses_likelihood: torch.Tensor,
+) -> torch.Tensor:
+    """[B, K] whether each boundary-ending prefix passes its request's judge (module doc).
+
+    probe_scores, likelihood [B, K] (`likelihood_scores`); threshold τ, likelihood_threshold
+    λ [B]; uses_probe, uses_likelihood [B] bool (judge_mode "probe", "likelihood", "both")."""
+    probe_ok = probe_scores >= threshold[:, None]
+    likely_ok = likelihood >= likelihood_threshold[:, None]
+    return (probe_ok | ~uses_probe[:, None]) & (likely_ok | ~uses_likelihood[:, None])
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The judge's verdict on one round's window, at each request's real boundaries [bs, K']."""
+
+    probe_scores: Optional[torch.Tensor]  # P(yes)/(P(yes)+P(no)) (None: no probe rows this round)
+    likelihood: Optional[torch.Tensor]  # smallest target probability of d_1..d_{b_k} (None: not asked)
+    passed: torch.Tensor  # bool, the prefix ending at b_k passes its request's judge
+
+
+def judge_window(window, chain_logits: torch.Tensor, probe_logits: torch.Tensor, probe: Optional[JudgeProbe],
+                 columns: Optional[torch.Tensor]) -> Verdict:
+    """A round's verdict: chain_logits [bs, L+1, V], probe_logits [bs, K, V] of its verify pass;
+    `window` is the round's `window_plan.Window`; columns: `answer_columns(probe)`. The
+    likelihood is computed only when a request of the batch asks for it (a host-known fact)."""
+    bounds = window.boundaries
+    zeros = torch.zeros(bounds.shape, device=bounds.device)
+    probe_scores = likelihood = None
+    if window.shape.num_probes:
+        answers = score_from_answer_logits(probe_logits.index_select(-1, columns), probe)
+        probe_scores = answers.gather(1, window.probe_slots)
+    if window.any_likelihood:
+        drafts = window.chain_tokens[:, 1:]
+        likelihood = likelihood_scores(token_probabilities(chain_logits[:, :-1], drafts), bounds)
+    passed = prefix_passes(
+        probe_scores if probe_scores is not None else zeros,
+        window.thresholds,
+        likelihood if likelihood is not None else zeros,
+        window.likelihood_thresholds,
+        window.uses_probe,
+        window.uses_likelihood,
+    )
+    return Verdict(probe_scores, likelihood, passed)

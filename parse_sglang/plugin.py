@@ -9,10 +9,9 @@ scheduler are refused with a 400 (`scheduler_patches/request_validation.py`).
 
 Each module in `INSTALLERS` (to add one, append it) has `HOOKED_SIGNATURES` (dotted SGLang
 name -> the `inspect.signature` string it was written against) and `install() -> str`
-(idempotent, returns a line saying what it installed). `OPT_IN_INSTALLERS` are installed
-only in processes where their condition holds (the FlashInfer-on-CPU patch: where `import
-flashinfer` loads parse_sglang's CPU stand-in, which only `parse_sglang.cpu.enable_flashinfer_standin()`
-puts on the import path).
+(idempotent, returns a line saying what it installed). The CPU runtime's own patches (torch
+versions of what SGLang's GPU path runs: `parse_sglang.cpu.patches()`) are installed the same
+way, only in processes where that runtime is on: never on a GPU server.
 
 Some SGLang tools resolve server arguments before they call `load_plugins()`
 (`python -m sglang.benchmark.offline_throughput`). For them the start-up hook
@@ -32,16 +31,8 @@ logger = logging.getLogger(__name__)
 
 INSTALLERS = [
     "parse_sglang.scheduler_patches.request_validation",  # every server, target-only too
-    "parse_sglang.scheduler_patches.torch_native_verify",
-    "parse_sglang.scheduler_patches.torch_native_draft",
-    "parse_sglang.scheduler_patches.cpu_graphs",  # inert unless parse_sglang.cpu.CPU_GRAPHS_ENV asks
     "parse_sglang.spec_algo",
 ]
-
-# module -> "module:function" returning whether this process needs it
-OPT_IN_INSTALLERS = {
-    "parse_sglang.scheduler_patches.flashinfer_on_cpu": "parse_sglang.cpu:flashinfer_standin_active",
-}
 
 _installed: list[str] | None = None
 
@@ -93,7 +84,9 @@ def register() -> list[str]:
         return _installed
     from sglang.srt.plugins.hook_registry import HookRegistry
 
-    wanted = INSTALLERS + [name for name, condition in OPT_IN_INSTALLERS.items() if pkgutil.resolve_name(condition)()]
+    from parse_sglang import cpu
+
+    wanted = INSTALLERS + cpu.patches()
     modules = [importlib.import_module(name) for name in wanted]
     for module in modules:
         check_signatures(module.HOOKED_SIGNATURES)

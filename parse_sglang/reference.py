@@ -17,11 +17,11 @@ from typing import Sequence
 
 import torch
 
-from parse_sglang.acceptance import accept_lengths, emitted_tokens, likelihood_scores, prefix_passes
+from parse_sglang.acceptance import accept_lengths, emitted_tokens
 from parse_sglang.attention.layout import VerifyRequest, build_verify_layout
 from parse_sglang.boundaries import delimiter_ends, draft_boundaries
-from parse_sglang.config import ParseConfig
-from parse_sglang.judge import build_judge_probe, judge_scores
+from parse_sglang.settings import ParseConfig
+from parse_sglang.judge import build_judge_probe, judge_scores, likelihood_scores, prefix_passes, token_probabilities
 
 
 def _ids(values, name: str) -> list[int]:
@@ -189,7 +189,7 @@ class ParseGenerator:
         target_next = chain_logits.argmax(-1)
         boundaries = torch.tensor([bounds or [0]])
         zeros = torch.zeros(boundaries.shape)
-        token_probs = torch.softmax(chain_logits[:-1], -1).gather(-1, torch.tensor(draft)[:, None]).T
+        token_probs = token_probabilities(chain_logits[:-1], torch.tensor(draft))[None]
         passed = prefix_passes(
             judge_scores(probe_logits, self.probe)[None] if probed else zeros,
             torch.tensor([cfg.threshold]),

@@ -19,10 +19,11 @@ from __future__ import annotations
 import logging
 
 from sglang.srt.arg_groups.overrides import resolving_view
+from sglang.srt.environ import envs
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 from sglang.srt.speculative.spec_registry import CustomSpecAlgo, get_spec
 
-from parse_sglang.config import ALGORITHM
+from parse_sglang.settings import ALGORITHM
 from parse_sglang.graph_memory import GraphReservations, check_fits
 from parse_sglang.scheduler_patches import (
     cli_settings,
@@ -34,6 +35,7 @@ from parse_sglang.scheduler_patches import (
     server_info,
     verify_graph,
 )
+from parse_sglang.scheduler_patches.verify_graph import capturing_window
 from parse_sglang.settings import fixed_window_shape, judge_probe_for, server_parse_config
 
 logger = logging.getLogger(__name__)
@@ -119,6 +121,11 @@ def validate_parse_server_args(sa) -> None:
     for setting, value, ok, allowed in checks:
         if not ok:
             _refuse(setting, value, allowed)
+    if envs.SGLANG_ENABLE_METADATA_GLUE_GRAPH.get():
+        # The glue graph freezes the capture-time attention plan, and PARSE's verify metadata
+        # (its custom mask, its KV lengths) is fed by the host every round, as DFlash's is,
+        # for which SGLang forces the glue graph off.
+        _refuse("SGLANG_ENABLE_METADATA_GLUE_GRAPH", True, "unset or 0 (PARSE plans its verify on the host every round)")
     if config.uses_probe:  # fails here, at startup, if the chat template yields no judge probe
         judge_probe_for(sa.tokenizer_path or sa.model_path, config.judge_question, bool(sa.trust_remote_code))
 
@@ -170,9 +177,13 @@ class ParseSpecAlgo(CustomSpecAlgo):
         return _window_shape(resolving_view(server_args), server_args).rows
 
     def get_num_tokens_per_req_for_target_verify(self, num_draft_tokens: int, is_draft_worker: bool) -> int:
-        """The verify width SGLang's decode CUDA graph captures: N_max (a fixed window)."""
+        """The verify width SGLang's decode CUDA graph captures: N_max (a fixed window), or
+        the width of the window shape PARSE is capturing a runner of its own for."""
         from sglang.srt.runtime_context import max_speculative_num_draft_tokens
 
+        shape = capturing_window()
+        if shape is not None:
+            return shape.rows
         return max(num_draft_tokens, max_speculative_num_draft_tokens() or 0)
 
     def create_future_map(self, device, req_to_token_pool, needs_cpu_seq_lens=True, needs_confidence_relay=False):

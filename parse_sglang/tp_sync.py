@@ -11,11 +11,10 @@ decisions, two broadcasts per round over SGLang's TP group (`get_tp_group()`, th
 the draft shares with the target):
 
 - `share_plan`: the host plan before the window is built (`window_plan.ProbePlan`: drafts,
-  acceptable draft lengths, judged and probed flags, boundaries), over the group's CPU
-  (gloo) group, because it lives on the host: int32 [bs, 2L + 3];
+  acceptable draft lengths, target-phase limits, judge flags and thresholds, boundaries),
+  over the group's CPU (gloo) group, because it lives on the host: int32 [bs, 2L + 8];
 - `share_accepted`: the acceptance decisions (emitted tokens with the bonus, accepted
-  lengths, exact / judged counts, the accepted rows), over the device group (NCCL on a GPU):
-  int32 [bs, 2(L+1) + 3].
+  lengths, exact-match counts), over the device group (NCCL on a GPU): int32 [bs, L + 3].
 
 With one rank both are the identity: a single-GPU server pays nothing.
 
@@ -37,10 +36,15 @@ from typing import Optional, Sequence
 
 import torch
 
+from parse_sglang.packing import fields_of, pack, unpack
+
 FAULT_ENV = "PARSE_TEST_TP_FAULT"
 FAULTS = ("skew", "skew-drafts-unsynced")
-PLAN_FIELDS = ("drafts", "draft_lens", "judged", "probed", "bounds")  # window_plan.ProbePlan
-ACCEPTED_FIELDS = ("predict", "accept_index", "accept_lens", "exact", "judged")  # accepted.Accepted
+PLAN_FIELDS = (  # window_plan.ProbePlan
+    "drafts", "draft_lens", "phase_limits", "judged", "probed", "likelihood", "sampled", "thresholds",
+    "likelihood_thresholds", "bounds",
+)  # fmt: skip
+ACCEPTED_FIELDS = ("emitted", "lengths", "exact_tokens")  # acceptance.Accepted
 
 
 class TpSync:
@@ -66,7 +70,7 @@ class TpSync:
         return self._share(plan, PLAN_FIELDS, self.group.cpu_group)
 
     def share_accepted(self, accepted):
-        """Rank 0's acceptance decisions (`accepted.Accepted`, device tensors): one broadcast
+        """Rank 0's acceptance decisions (`acceptance.Accepted`, device tensors): one broadcast
         over the device group."""
         return self._share(accepted, ACCEPTED_FIELDS, self.group.device_group)
 
@@ -83,12 +87,11 @@ class TpSync:
 
 
 def broadcast_packed(tensors: Sequence[torch.Tensor], src: int, process_group) -> list[torch.Tensor]:
-    """Broadcast integer / bool tensors (same shapes on every rank) from global rank `src`
-    as ONE int32 collective; returns the received tensors in their own shapes and dtypes."""
-    packed = torch.cat([t.reshape(-1).to(torch.int32) for t in tensors])
+    """Broadcast per-request tensors (`packing`: same shapes on every rank) from global rank
+    `src` as ONE int32 collective; returns the received tensors in their own shapes and dtypes."""
+    packed = pack(tensors)
     torch.distributed.broadcast(packed, src=src, group=process_group)
-    chunks = packed.split([t.numel() for t in tensors])
-    return [chunk.view(t.shape).to(t.dtype) for chunk, t in zip(chunks, tensors)]
+    return unpack(packed, fields_of(tensors))
 
 
 def _neighbours(values: torch.Tensor) -> torch.Tensor:

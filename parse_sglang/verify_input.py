@@ -5,7 +5,12 @@ request's window (chain rows c_n, d_1..d_L, then K probe blocks of m rows), all 
 `WindowShape` (SGLang needs the same number of rows N for every request of a batch). Its
 tensors are built on the device (`attention.window`): nothing that grows with the context
 crosses from the host. `for_capture` is the stand-in SGLang's decode CUDA-graph runner
-captures with; with a fixed shape its logits rows are the ones every round replays.
+captures with.
+
+`ShapeConstants` holds what depends only on (batch size, window shape): the logits rows PARSE
+reads and the chain's tree indices. A captured graph bakes the logits rows in, so they must
+outlive the capture: the cache lives on the target's model runner, for the life of the
+process, and the capture input and every round take their rows from it.
 
 `ChainView` is what `eagle_sample` reads to accept draft tokens exactly as SGLang's own
 chain verification does (penalties, logit bias, grammar mask, sampling): it sees only the
@@ -14,6 +19,7 @@ L+1 chain rows, as a topk=1 tree.
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 from typing import Optional
 
@@ -21,28 +27,77 @@ import torch
 from sglang.srt.mem_cache.kv_index_translator import KVIndexTranslator
 from sglang.srt.mem_cache.kv_loc_plan import IdSpaceKind, KVLocPlan
 from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
-from sglang.srt.speculative.spec_info import SpecInput, SpecInputType
+from sglang.srt.speculative.spec_info import SpecInput
 
 from parse_sglang.attention.layout import indptr_of
-from parse_sglang.attention.window import WindowShape, full_mask, window_inputs
+from parse_sglang.attention.window import FullMaskBuffer, WindowShape, full_mask, window_inputs
+
+
+class ParseInputType(enum.Enum):
+    """PARSE's own `spec_input_type` (SGLang's `SpecInputType` is a closed enum whose members
+    name other algorithms): SGLang code that compares it with theirs sees no match, and the
+    phase guards SGLang dispatches on (`is_verify_input` / `is_draft_input`) are answered by
+    `ParseVerifyInput` itself."""
+
+    PARSE_VERIFY = "parse_verify"
+
+
+class ShapeConstants:
+    """Per-(batch size, window shape) tensors, made once on `device` and kept."""
+
+    def __init__(self, device):
+        self.device = device
+        self._logits_rows: dict[tuple[int, WindowShape], torch.Tensor] = {}
+        self._chains: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+
+    def logits_rows(self, batch_size: int, shape: WindowShape) -> torch.Tensor:
+        """[batch_size * read_rows] window rows PARSE reads, request-major (`WindowShape.logits_rows`)."""
+        key = (batch_size, shape)
+        if key not in self._logits_rows:
+            self._logits_rows[key] = shape.logits_rows(batch_size, self.device)
+        return self._logits_rows[key]
+
+    def chain_view(self, chain_tokens: torch.Tensor) -> "ChainView":
+        """chain_tokens [bs, L+1] (c_n, d_1..d_L) as the topk=1 tree `eagle_sample` verifies:
+        node j's only child is j + 1."""
+        bs, width = chain_tokens.shape
+        if (bs, width) not in self._chains:
+            next_token = torch.arange(1, width + 1, dtype=torch.int64, device=self.device)
+            next_token[-1] = -1
+            self._chains[bs, width] = (
+                torch.arange(bs * width, dtype=torch.int64, device=self.device).view(bs, width),
+                next_token.repeat(bs, 1),
+                torch.full((bs, width), -1, dtype=torch.int64, device=self.device),
+            )
+        index, next_token, next_sibling = self._chains[bs, width]
+        return ChainView(chain_tokens.reshape(-1), width, index, next_token, next_sibling)
+
+
+def shape_constants(model_runner) -> ShapeConstants:
+    """The target model runner's `ShapeConstants` (made on first use; it lives as long as the
+    runner, which is the process)."""
+    constants = getattr(model_runner, "parse_shape_constants", None)
+    if constants is None:
+        constants = model_runner.parse_shape_constants = ShapeConstants(model_runner.device)
+    return constants
 
 
 class ParseVerifyInput(SpecInput):
     """spec_info of a PARSE TARGET_VERIFY forward.
 
     custom_mask is in the form the process's attention backend reads in `forward_batch`:
-    QLEN_ONLY (N x N per request) on CPU, FULL (N x (P + N) per request) on GPU (Triton reads
-    it directly); `generate_attn_arg_prefill` (FlashInfer's entry) always hands out FULL.
-    logits_row_index: the rows whose logits PARSE reads, request-major
-    (`WindowShape.logits_rows`); scheduler_patches/logits_rows.py prunes the rest before the
-    lm_head.
+    QLEN_ONLY (N x N per request) on CPU, FULL (N x (P + N) per request, in the worker's
+    `FullMaskBuffer`) on GPU (Triton reads it directly); `generate_attn_arg_prefill`
+    (FlashInfer's entry) always hands out FULL. logits_row_index: the rows whose logits PARSE
+    reads, request-major, from `ShapeConstants`; scheduler_patches/logits_rows.py prunes the
+    rest before the lm_head.
     """
 
     def __init__(
         self,
         shape: WindowShape,
-        batch_size: int,
         *,
+        logits_rows: torch.Tensor,
         input_ids: Optional[torch.Tensor],
         positions: Optional[torch.Tensor],
         custom_mask: torch.Tensor,
@@ -50,8 +105,9 @@ class ParseVerifyInput(SpecInput):
         prefix_lens: Optional[torch.Tensor],
         prefix_sum: int,
         device: torch.device,
+        mask_buffer: Optional[FullMaskBuffer] = None,
     ):
-        super().__init__(SpecInputType.NGRAM_VERIFY)  # the enum is closed; this type only marks "a verify input"
+        super().__init__(ParseInputType.PARSE_VERIFY)
         self.shape = shape
         self.draft_token_num = shape.rows
         self.num_tokens_per_req = shape.rows
@@ -62,9 +118,16 @@ class ParseVerifyInput(SpecInput):
         self.mask_qlen_only = mask_qlen_only
         self.prefix_lens = prefix_lens
         self.prefix_sum = prefix_sum
-        self.logits_row_index = shape.logits_rows(batch_size, device)
+        self.logits_row_index = logits_rows
+        self.mask_buffer = mask_buffer  # the FULL buffer custom_mask is a view of (None: not one)
         self.capture_hidden_mode = CaptureHiddenMode.NULL
         self.device = device
+
+    def is_verify_input(self) -> bool:
+        return True
+
+    def is_draft_input(self) -> bool:
+        return False
 
     @classmethod
     def for_round(
@@ -75,34 +138,40 @@ class ParseVerifyInput(SpecInput):
         prefix_sum: int,
         chain_tokens: torch.Tensor,
         boundaries: torch.Tensor,
-        suffix_ids: torch.Tensor,
-        full_mask_form: bool,
+        suffix_ids: Optional[torch.Tensor],
+        logits_rows: torch.Tensor,
+        mask_buffer: Optional[FullMaskBuffer],
     ) -> "ParseVerifyInput":
         """The verify input of one round: prefix_lens [bs] (P), prefix_sum = sum(P) (host int),
-        chain_tokens [bs, L+1], boundaries [bs, K] of the window's probes, all on the device."""
-        input_ids, positions, mask = window_inputs(shape, prefix_lens, chain_tokens, boundaries, suffix_ids)
-        custom_mask = full_mask(mask, shape.rows, prefix_lens, prefix_sum) if full_mask_form else mask
+        chain_tokens [bs, L+1], boundaries [bs, K] of the window's probes, suffix_ids [m]
+        (None without probes), all on the device; mask_buffer: the FULL-form buffer, or None
+        for the QLEN_ONLY form."""
+        device = chain_tokens.device
+        suffix = suffix_ids if suffix_ids is not None else torch.zeros(0, dtype=torch.int64, device=device)
+        input_ids, positions, mask = window_inputs(shape, prefix_lens, chain_tokens, boundaries, suffix)
+        custom_mask = mask_buffer.write(mask, shape.rows, prefix_lens, prefix_sum) if mask_buffer is not None else mask
         return cls(
             shape,
-            chain_tokens.shape[0],
+            logits_rows=logits_rows,
             input_ids=input_ids,
             positions=positions,
             custom_mask=custom_mask,
             mask_qlen_only=mask,
             prefix_lens=prefix_lens,
             prefix_sum=prefix_sum,
-            device=chain_tokens.device,
+            device=device,
+            mask_buffer=mask_buffer,
         )
 
     @classmethod
-    def for_capture(cls, shape: WindowShape, batch_size: int, custom_mask: torch.Tensor) -> "ParseVerifyInput":
+    def for_capture(cls, shape: WindowShape, logits_rows: torch.Tensor, custom_mask: torch.Tensor) -> "ParseVerifyInput":
         """What SGLang's decode CUDA-graph runner captures a PARSE verify with (its
         `get_spec_info` / `create_dummy_verify_input`): the runner's own all-True mask
-        buffer and this shape's logits rows, which the graph bakes in; token ids and
-        positions come from the runner's buffers."""
+        buffer and this shape's logits rows from `ShapeConstants` (the graph bakes them in,
+        and they outlive it); token ids and positions come from the runner's buffers."""
         return cls(
             shape,
-            batch_size,
+            logits_rows=logits_rows,
             input_ids=None,
             positions=None,
             custom_mask=custom_mask,
@@ -132,7 +201,8 @@ class ParseVerifyInput(SpecInput):
         paged_kernel_lens are the committed lengths P; each request reads P + N slots, its
         window being req_to_token[P : P + N], the slots the window rows were written to.
         A CUDA-graph replay pads the batch (entries past this round's requests): their
-        mask is all True, as SGLang's EAGLE pads its own.
+        mask is all True, as SGLang's EAGLE pads its own — the FULL buffer holds True past
+        the round's mask, and the capture input's mask is the runner's all-True buffer.
         """
         bs = req_pool_indices.numel()
         window = self.draft_token_num
@@ -151,17 +221,21 @@ class ParseVerifyInput(SpecInput):
             kv_lens_sum=paged_kernel_lens_sum,
         )
         mask = self.custom_mask
-        if self.mask_qlen_only is not None and mask is self.mask_qlen_only:
+        if self.mask_qlen_only is not None and mask is self.mask_qlen_only:  # QLEN_ONLY form (CPU)
             mask = full_mask(mask, window, self.prefix_lens, self.prefix_sum)
         needed = window * paged_kernel_lens_sum + window * window * bs
-        if mask.numel() < needed:
-            mask = torch.cat([mask, torch.ones(needed - mask.numel(), dtype=torch.bool, device=mask.device)])
+        if mask.numel() < needed:  # a padded graph batch
+            if self.mask_buffer is not None:  # the FULL buffer holds True past the round's mask
+                mask = self.mask_buffer.buffer[:needed]
+            else:
+                mask = torch.cat([mask, torch.ones(needed - mask.numel(), dtype=torch.bool, device=mask.device)])
         return kv_indices, kv_indptr, qo_indptr, mask
 
 
 @dataclass
 class ChainView:
-    """The chain rows of a PARSE window as the topk=1 tree `eagle_sample` verifies.
+    """The chain rows of a PARSE window as the topk=1 tree `eagle_sample` verifies
+    (`ShapeConstants.chain_view`).
 
     draft_token: [bs * (L+1)] c_n, d_1..d_L per request; node j's only child is j + 1.
     """
@@ -179,18 +253,3 @@ class ChainView:
     @property
     def max_tree_depth(self) -> int:
         return self.draft_token_num
-
-    @classmethod
-    def of(cls, chain_tokens: torch.Tensor) -> "ChainView":
-        """chain_tokens: [bs, L+1] (c_n, d_1..d_L)."""
-        bs, width = chain_tokens.shape
-        device = chain_tokens.device
-        next_token = torch.arange(1, width + 1, dtype=torch.int64, device=device)
-        next_token[-1] = -1
-        return cls(
-            draft_token=chain_tokens.reshape(-1),
-            draft_token_num=width,
-            retrieve_index=torch.arange(bs * width, dtype=torch.int64, device=device).view(bs, width),
-            retrieve_next_token=next_token.repeat(bs, 1),
-            retrieve_next_sibling=torch.full((bs, width), -1, dtype=torch.int64, device=device),
-        )

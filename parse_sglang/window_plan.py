@@ -1,15 +1,17 @@
-"""Steps 2-5 of a PARSE round: where each request's probes go, and the batch's verify window.
+"""Steps 2-5 of a PARSE round: what each request needs, where its probes go, and the batch's
+verify window.
 
-The host's share is O(batch x window): the draft tokens come over once (their text places
-the boundaries), the boundaries go back once as a [bs, K] tensor, plus a few per-request
-flags. The window itself is built on the device (`ParseVerifyInput.for_round`). The host
-decisions (`ProbePlan`) are what a tensor-parallel server's ranks take from rank 0
-(`plan_window`'s `share`, parse_sglang.tp_sync), so their windows are the same.
+The host's share of a round (DESIGN.md §9): the drafts come over once (their text places the
+boundaries), the round's host decisions go back once, as ONE packed int32 tensor, and the
+window itself is built on the device (`ParseVerifyInput.for_round`). The decisions
+(`ProbePlan`) are what a tensor-parallel server's ranks take from rank 0 (`plan_window`'s
+`share`, parse_sglang.tp_sync), so their windows are the same.
 
-Every request of a batch gets K probes (SGLang needs one window length per batch):
-requests with fewer real boundaries, or with the judge off, get padding probes at unused
-draft positions, whose scores are never read. K is the batch's largest real count, or
-K_max every round when the window is fixed (what a captured CUDA graph replays).
+Every request of a batch gets K probes (SGLang needs one window length per batch): requests
+with fewer real boundaries get padding probes at unused draft positions, whose scores are
+never read. K is 0 when no request of the batch probes (the window is the L+1 chain rows),
+else the batch's largest real count, or K_max when the window is fixed (the width a captured
+CUDA graph replays).
 """
 
 from __future__ import annotations
@@ -18,12 +20,49 @@ from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
 import torch
+from sglang.srt.managers.schedule_batch import FINISH_ABORT
+from sglang.srt.utils import is_cpu
 
-from parse_sglang.acceptance import pad_ragged
-from parse_sglang.attention.window import WindowShape
-from parse_sglang.boundaries import draft_boundaries
-from parse_sglang.config import ParseConfig
-from parse_sglang.verify_input import ParseVerifyInput
+from parse_sglang.attention.window import FullMaskBuffer, WindowShape
+from parse_sglang.boundaries import TokenTexts, select_boundaries
+from parse_sglang.packing import fields_of, pack, unpack
+from parse_sglang.settings import ParseConfig, request_outputs, request_parse_config
+from parse_sglang.target_phase import in_target_phase, phase_limit
+from parse_sglang.verify_input import ParseVerifyInput, ShapeConstants
+
+
+@dataclass(frozen=True)
+class RequestSettings:
+    """What a request brings to every round, resolved once (`req.parse_request`)."""
+
+    config: ParseConfig  # the server's, with custom_params["parse"] applied
+    outputs: frozenset  # the output options it switched on (settings.REQUEST_OUTPUTS)
+    stop_ids: frozenset  # token ids that end the output (EOS, stop_token_ids); empty: ignore_eos
+    sampled: bool  # sampled on CPU: served target-only (worker docstring)
+
+
+def request_settings(req, server: ParseConfig) -> RequestSettings:
+    """The request's `RequestSettings`, resolved on its first round; a bad custom_params
+    (SamplingParams.verify already refuses those in the main process) aborts the request
+    and serves it losslessly."""
+    settings = getattr(req, "parse_request", None)
+    if settings is not None:
+        return settings
+    custom = req.sampling_params.custom_params
+    try:
+        config, outputs = request_parse_config(custom, server), request_outputs(custom)
+    except ValueError as err:
+        req.to_finish = FINISH_ABORT(str(err), 400, "BadRequestError")
+        config, outputs = ParseConfig.from_dict({"judge": False}, base=server), frozenset()
+    params = req.sampling_params
+    stops = set()
+    if not params.ignore_eos:
+        stops = set(params.stop_token_ids or ()) | set(req.eos_token_ids or ())
+        if req.tokenizer is not None and req.tokenizer.eos_token_id is not None:
+            stops.add(req.tokenizer.eos_token_id)
+    sampled = is_cpu() and params.top_k != 1  # SGLang marks greedy requests with top_k 1
+    req.parse_request = settings = RequestSettings(config, outputs, frozenset(stops), sampled)
+    return settings
 
 
 @dataclass(frozen=True)
@@ -35,29 +74,19 @@ class RequestPolicy:
     judged: bool  # the judge may extend this request's acceptance (its config says how)
     sampled: bool  # sampled on CPU: served target-only (worker docstring)
     stop_ids: frozenset  # token ids that end the output (EOS, stop_token_ids); empty: ignore_eos
+    phase: Optional[list] = None  # tokens of its target phase so far (target_phase.py); None: not in one
 
 
-@dataclass(frozen=True)
-class Window:
-    """The verify window of a round and what acceptance needs to read it."""
-
-    verify_input: ParseVerifyInput
-    shape: WindowShape
-    chain_tokens: torch.Tensor  # [bs, L+1] c_n, d_1..d_L
-    draft_lens: torch.Tensor  # [bs] draft tokens that may be accepted (budget, stop token)
-    boundaries: torch.Tensor  # [bs, K'] real boundaries b_k the judge decides at, padded with 0
-    probe_slots: torch.Tensor  # [bs, K'] index of each boundary's probe among the request's window probes
-    judged: torch.Tensor  # [bs] bool
-    uses_probe: torch.Tensor  # [bs] bool: judged with the probe (its boundaries have probe rows)
-    uses_likelihood: torch.Tensor  # [bs] bool: judged by the draft tokens' target probabilities
-    sampled: torch.Tensor  # [bs] bool
-    thresholds: torch.Tensor  # [bs] τ
-    likelihood_thresholds: torch.Tensor  # [bs] λ
-    configs: list  # [bs] ParseConfig
-
-    @property
-    def width(self) -> int:
-        return self.chain_tokens.shape[1]
+def request_policy(req, server: ParseConfig) -> RequestPolicy:
+    """This round's policy for `req`."""
+    settings = request_settings(req, server)
+    config, params = settings.config, req.sampling_params
+    budget = config.draft_budget
+    if params.max_new_tokens is not None:  # one token of what is left is the round's bonus
+        budget = min(budget, max(params.max_new_tokens - len(req.output_ids) - 1, 1))
+    phase = in_target_phase(req)
+    judged = config.judge and req.grammar is None and phase is None and not settings.sampled
+    return RequestPolicy(config, budget, judged, settings.sampled, settings.stop_ids, phase)
 
 
 def cut_at_stop(draft: Sequence[int], stop_ids: frozenset) -> int:
@@ -77,89 +106,152 @@ def with_padding_probes(bounds: list[int], count: int, length: int) -> list[int]
 
 @dataclass(frozen=True)
 class ProbePlan:
-    """Steps 1-2 of a round as host data: the drafts and where their probes go, the
-    round's decisions taken on the host (the boundaries come from the draft's text). A
-    tensor-parallel server builds every rank's window from rank 0's (`tp_sync`)."""
+    """Steps 1-2 of a round as host data: the drafts and every decision taken on the host
+    (the boundaries come from the draft's text), in widths that do not depend on the drafts,
+    so that a tensor-parallel server can take every rank's from rank 0 (`tp_sync`)."""
 
     drafts: torch.Tensor  # [bs, L] int64, d_1..d_L
     draft_lens: torch.Tensor  # [bs] int64, draft tokens that may be accepted (budget, stop token)
+    phase_limits: torch.Tensor  # [bs] int64, most draft tokens a target phase lets it accept
     judged: torch.Tensor  # [bs] bool, the judge may extend this request's acceptance
     probed: torch.Tensor  # [bs] bool, its boundaries get probe rows (judge_mode "probe" / "both")
+    likelihood: torch.Tensor  # [bs] bool, judged by its draft tokens' target probabilities
+    sampled: torch.Tensor  # [bs] bool
+    thresholds: torch.Tensor  # [bs] float32 τ
+    likelihood_thresholds: torch.Tensor  # [bs] float32 λ
     bounds: torch.Tensor  # [bs, L] int64, real boundaries b_1 < ... < b_K, then 0s
 
     def real_bounds(self) -> list[list[int]]:
         return [[b for b in row if b > 0] for row in self.bounds.tolist()]
 
 
-def place_probes(drafts_host: torch.Tensor, policies: Sequence[RequestPolicy], tokenizer) -> ProbePlan:
-    """Each request's acceptable draft length and real probe boundaries (host work)."""
+def place_probes(drafts_host: torch.Tensor, policies: Sequence[RequestPolicy], texts: TokenTexts) -> ProbePlan:
+    """Each request's acceptable draft length, target-phase limit and real probe boundaries."""
     rows = drafts_host.tolist()
-    length = drafts_host.shape[1]
+    bs, length = drafts_host.shape
     draft_lens = [0 if p.sampled else cut_at_stop(row[: p.budget], p.stop_ids) for row, p in zip(rows, policies)]
-    bounds = [
-        draft_boundaries(tokenizer, row[:n], p.config.probe_stride, p.config.delimiters) if p.judged else []
-        for row, n, p in zip(rows, draft_lens, policies)
-    ]
+    bounds = torch.zeros(bs, length, dtype=torch.int64)
+    limits = []
+    for i, (row, n, p) in enumerate(zip(rows, draft_lens, policies)):
+        if p.judged:
+            found = select_boundaries(texts(row[:n]), p.config.probe_stride, p.config.delimiters)
+            bounds[i, : len(found)] = torch.tensor(found)
+        limits.append(length if p.phase is None else phase_limit(texts, p.phase, row[:n], p.config))
+
+    def flags(value) -> torch.Tensor:
+        return torch.tensor([value(p) for p in policies], dtype=torch.bool)
+
     return ProbePlan(
-        drafts=drafts_host,
+        drafts=drafts_host.to(torch.int64),
         draft_lens=torch.tensor(draft_lens, dtype=torch.int64),
-        judged=torch.tensor([p.judged for p in policies], dtype=torch.bool),
-        probed=torch.tensor([p.judged and p.config.uses_probe for p in policies], dtype=torch.bool),
-        bounds=torch.tensor([b + [0] * (length - len(b)) for b in bounds], dtype=torch.int64).view(len(rows), length),
+        phase_limits=torch.tensor(limits, dtype=torch.int64),
+        judged=flags(lambda p: p.judged),
+        probed=flags(lambda p: p.judged and p.config.uses_probe),
+        likelihood=flags(lambda p: p.judged and p.config.uses_likelihood),
+        sampled=flags(lambda p: p.sampled),
+        thresholds=torch.tensor([p.config.threshold for p in policies], dtype=torch.float32),
+        likelihood_thresholds=torch.tensor([p.config.likelihood_threshold for p in policies], dtype=torch.float32),
+        bounds=bounds,
     )
+
+
+@dataclass(frozen=True)
+class Window:
+    """The verify window of a round and what acceptance needs to read it (device tensors,
+    from the one packed plan), with the host plan they came from."""
+
+    verify_input: ParseVerifyInput
+    shape: WindowShape
+    plan: ProbePlan  # host; what the round's bookkeeping reads after acceptance
+    chain_tokens: torch.Tensor  # [bs, L+1] c_n, d_1..d_L
+    draft_lens: torch.Tensor  # [bs] draft tokens that may be accepted (budget, stop token)
+    phase_limits: torch.Tensor  # [bs] most draft tokens a target phase lets a request accept
+    boundaries: torch.Tensor  # [bs, K'] real boundaries b_k the judge decides at, padded with 0
+    probe_slots: torch.Tensor  # [bs, K'] index of each boundary's probe among the request's window probes
+    judge_on: torch.Tensor  # [bs] bool: the judge may extend the request's acceptance
+    uses_probe: torch.Tensor  # [bs] bool: judged with the probe (its boundaries have probe rows)
+    uses_likelihood: torch.Tensor  # [bs] bool: judged by the draft tokens' target probabilities
+    sampled: torch.Tensor  # [bs] bool
+    thresholds: torch.Tensor  # [bs] τ
+    likelihood_thresholds: torch.Tensor  # [bs] λ
+    configs: list  # [bs] ParseConfig
+    any_likelihood: bool  # some request is judged by likelihood (host-known)
+
+    @property
+    def chain_rows(self) -> int:
+        """L + 1: c_n, d_1..d_L."""
+        return self.shape.chain_rows
 
 
 def plan_window(
     *,
-    drafts: torch.Tensor,
     drafts_host: torch.Tensor,
     last_tokens: torch.Tensor,
     prefix_lens: torch.Tensor,
     prefix_sum: int,
     policies: Sequence[RequestPolicy],
-    tokenizer,
+    texts: TokenTexts,
     suffix_ids: Optional[torch.Tensor],
     fixed_probes: Optional[int],
-    full_mask_form: bool,
+    constants: ShapeConstants,
+    mask_buffer: Optional[FullMaskBuffer],
     share: Callable[[ProbePlan], ProbePlan] = lambda plan: plan,
 ) -> Window:
-    """drafts [bs, L] and last_tokens / prefix_lens [bs] on the device, drafts_host the
-    same drafts on the host; suffix_ids [m] on the device (None: no judge on this server);
-    fixed_probes: K_max for a fixed window, None for the batch's own K; share: the plan
-    every rank builds its window from (`TpSync.share_plan`: rank 0's)."""
-    device = drafts.device
-    length = drafts.shape[1]
-    plan = share(place_probes(drafts_host, policies, tokenizer))
-    if plan.drafts is not drafts_host:  # another rank's drafts
-        drafts = plan.drafts.to(device)
+    """drafts_host [bs, L] on the host; last_tokens / prefix_lens [bs] and suffix_ids [m] on
+    the device (suffix_ids None: no probe on this server); fixed_probes: K_max for a fixed
+    window, None for the batch's own K; constants: the per-shape cache; mask_buffer: the FULL
+    mask buffer (None: the QLEN_ONLY form); share: the plan every rank builds its window
+    from (`TpSync.share_plan`: rank 0's). The one host-to-device copy of the round is here."""
+    device = last_tokens.device
+    bs, length = drafts_host.shape
+    plan = share(place_probes(drafts_host, policies, texts))
     bounds = plan.real_bounds()
     probed = [b if p else [] for b, p in zip(bounds, plan.probed.tolist())]
-    num_probes = max(map(len, probed)) if fixed_probes is None else fixed_probes
+    num_probes = 0
+    if any(probed):
+        num_probes = max(map(len, probed)) if fixed_probes is None else fixed_probes
     window_bounds = [with_padding_probes(b, num_probes, length) for b in probed]
-    shape = WindowShape(length, num_probes, len(suffix_ids) if num_probes else 0)
-    chain_tokens = torch.cat([last_tokens[:, None], drafts], dim=1)
     # Same width as the boundaries; a request judged without probes reads none (uses_probe off).
     probe_slots = [[wb.index(b) for b in p] if p else [0] * len(b) for b, p, wb in zip(bounds, probed, window_bounds)]
-    return Window(
-        verify_input=ParseVerifyInput.for_round(
-            shape,
-            prefix_lens=prefix_lens,
-            prefix_sum=prefix_sum,
-            chain_tokens=chain_tokens,
-            boundaries=torch.tensor(window_bounds, dtype=torch.int64).view(len(bounds), num_probes).to(device),
-            suffix_ids=suffix_ids if suffix_ids is not None else torch.zeros(0, dtype=torch.int64, device=device),
-            full_mask_form=full_mask_form,
-        ),
-        shape=shape,
+    real_width = max(1, max(map(len, bounds)))
+
+    def rows(values: list[list[int]], width: int) -> torch.Tensor:
+        return torch.tensor([v + [0] * (width - len(v)) for v in values], dtype=torch.int64).view(bs, width)
+
+    host = [
+        plan.drafts, plan.draft_lens, plan.phase_limits, plan.judged, plan.probed, plan.likelihood, plan.sampled,
+        plan.thresholds, plan.likelihood_thresholds,
+        rows(bounds, real_width), rows(probe_slots, real_width), rows(window_bounds, num_probes),
+    ]  # fmt: skip
+    (drafts, draft_lens, phase_limits, judged, probed_on, likelihood, sampled, thresholds, lambdas, boundaries,
+     slots, probe_bounds) = unpack(pack(host).to(device), fields_of(host))  # fmt: skip
+    shape = WindowShape(length, num_probes, len(suffix_ids) if num_probes else 0)
+    chain_tokens = torch.cat([last_tokens[:, None].to(torch.int64), drafts], dim=1)
+    verify_input = ParseVerifyInput.for_round(
+        shape,
+        prefix_lens=prefix_lens,
+        prefix_sum=prefix_sum,
         chain_tokens=chain_tokens,
-        draft_lens=plan.draft_lens.to(device),
-        boundaries=pad_ragged(bounds, 0, torch.int64).to(device),
-        probe_slots=pad_ragged(probe_slots, 0, torch.int64).to(device),
-        judged=plan.judged.to(device),
-        uses_probe=plan.probed.to(device),
-        uses_likelihood=torch.tensor([p.config.uses_likelihood for p in policies], device=device) & plan.judged.to(device),
-        sampled=torch.tensor([p.sampled for p in policies], device=device),
-        thresholds=torch.tensor([p.config.threshold for p in policies], device=device),
-        likelihood_thresholds=torch.tensor([p.config.likelihood_threshold for p in policies], device=device),
+        boundaries=probe_bounds,
+        suffix_ids=suffix_ids if num_probes else None,
+        logits_rows=constants.logits_rows(bs, shape),
+        mask_buffer=mask_buffer,
+    )
+    return Window(
+        verify_input=verify_input,
+        shape=shape,
+        plan=plan,
+        chain_tokens=chain_tokens,
+        draft_lens=draft_lens,
+        phase_limits=phase_limits,
+        boundaries=boundaries,
+        probe_slots=slots,
+        judge_on=judged,
+        uses_probe=probed_on,
+        uses_likelihood=likelihood,
+        sampled=sampled,
+        thresholds=thresholds,
+        likelihood_thresholds=lambdas,
         configs=[p.config for p in policies],
+        any_likelihood=bool(plan.likelihood.any()),
     )

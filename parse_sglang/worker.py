@@ -6,17 +6,24 @@ chain rows and every probe, the longest acceptable prefix plus a bonus token is 
 The rest of the class is SGLang bookkeeping around it.
 
 Conventions this worker keeps with SGLang's scheduler (sync V2 schema, no overlap):
-- `batch.seq_lens[i]` = P = committed tokens with KV; `req.output_ids[-1]` = c_n, the
-  next input. The verify window occupies req_to_token[P : P + N] (SGLang over-allocates
+- `batch.seq_lens[i]` = P = committed tokens with KV; the round's input c_n (the last emitted
+  token) is `batch.spec_info.bonus_tokens[i]`, on the device: every round and the prefill
+  return it as `next_draft_input` (an `EagleDraftInput`, which SGLang filters and merges with
+  the batch). The verify window occupies req_to_token[P : P + N] (SGLang over-allocates
   2 * N_max slots per decode round), chain rows first, so the KV of the accepted prefix
   c_n, d_1..d_a is already in place and SGLang's `kv_committed_len += a + 1` commits it.
 - The draft has its own KV pool over the same slots, un-shifted: slot p holds the draft's
   KV of token p. Its L+1 decode steps per round (inputs c_n, d_1..d_L) run as SGLang's
   EAGLE topk=1 chain (`draft_chain.DraftChain`: one CUDA-graph replay on a GPU), so its KV
   exists for every slot that can become committed and no draft re-extend is needed.
+- Host and device meet three times a round (DESIGN.md §9): the drafts come to the host (their
+  text places the boundaries), the round's plan goes to the device as one packed tensor
+  (`window_plan`), and after acceptance its result comes back as one packed tensor
+  (`acceptance.round_result`), from which counters and target phases are kept.
 - The verify window is built on the device (`window_plan`, `attention.window`); it has a
   fixed shape (K_max probes, N_max rows) whenever the target's decode CUDA graph can replay
-  it (`verify_window` "auto"), else the batch's own probe count.
+  it (`verify_window` "auto"), else the batch's own probe count; a batch in which no request
+  probes verifies only its L+1 chain rows (captured as a graph of its own).
 - Output: `next_token_ids` is [bs * (L+1)], request i's emitted tokens d_1..d_a, t_a at
   i*(L+1) .. i*(L+1)+a; `accept_lens` = a + 1 (bonus included).
 - The exact part of acceptance is SGLang's own chain verification (`eagle_sample` on the
@@ -29,6 +36,7 @@ Conventions this worker keeps with SGLang's scheduler (sync V2 schema, no overla
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass
 
@@ -39,25 +47,25 @@ from sglang.srt.managers.schedule_batch import ScheduleBatch
 from sglang.srt.managers.tp_worker import TpModelWorker
 from sglang.srt.managers.utils import GenerationBatchResult
 from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardBatch, ForwardMode
-from sglang.srt.runtime_context import get_device, get_model, get_serving, get_spec
+from sglang.srt.runtime_context import get_device, get_model, get_schedule, get_serving, get_spec
 from sglang.srt.server_args import ServerArgs
 from sglang.srt.speculative.base_spec_worker import BaseSpecWorker
+from sglang.srt.speculative.eagle_info import EagleDraftInput
 from sglang.srt.speculative.eagle_utils import default_tree_mask_mode, eagle_sample
 from sglang.srt.speculative.spec_utils import GrammarTree, build_grammar_vocab_mask
 
-from parse_sglang.acceptance import accept_lengths
-from parse_sglang.accepted import Accepted, bonus_tokens
-from parse_sglang.config import ParseConfig
-from parse_sglang.counters import ServerTotals
+from parse_sglang.acceptance import Accepted, accept_lengths, bonus_tokens, round_result
+from parse_sglang.attention.window import FullMaskBuffer
+from parse_sglang.boundaries import TokenTexts
+from parse_sglang.counters import ServerTotals, record_round_stats
 from parse_sglang.draft_chain import DraftChain
-from parse_sglang.request_policy import request_policy
-from parse_sglang.round_judge import judge_window
-from parse_sglang.round_record import record_round_stats
-from parse_sglang.settings import judge_probe_for, max_probes, server_parse_config, target_tokenizer, verify_window_max
-from parse_sglang.target_phase import target_phase_limits, update_target_phases
+from parse_sglang.judge import answer_columns, judge_window
+from parse_sglang.scheduler_patches.verify_graph import VerifyGraphs
+from parse_sglang.settings import ParseConfig, judge_probe_for, max_probes, server_parse_config, target_tokenizer, verify_window_max
+from parse_sglang.target_phase import update_target_phases
 from parse_sglang.tp_sync import TpSync
-from parse_sglang.verify_input import ChainView
-from parse_sglang.window_plan import Window, plan_window
+from parse_sglang.verify_input import shape_constants
+from parse_sglang.window_plan import Window, plan_window, request_policy
 
 logger = logging.getLogger(__name__)
 
@@ -69,13 +77,30 @@ class Committed:
     seq_lens: torch.Tensor  # [bs] P
     seq_lens_cpu: torch.Tensor
     rows: torch.Tensor  # [bs] req_pool_indices
-    last_tokens: torch.Tensor  # [bs] c_n
+    last_tokens: torch.Tensor  # [bs] c_n, on the device
 
     @classmethod
     def of(cls, batch: ScheduleBatch, device) -> "Committed":
-        last = torch.tensor([req.output_ids[-1] for req in batch.reqs], dtype=torch.int64)
-        seq_lens_cpu = batch.seq_lens_cpu if batch.seq_lens_cpu is not None else batch.seq_lens.cpu()
-        return cls(batch.seq_lens, seq_lens_cpu, batch.req_pool_indices, last.to(device))
+        carried = batch.spec_info
+        if isinstance(carried, EagleDraftInput) and carried.bonus_tokens is not None and len(carried.bonus_tokens) == len(batch.reqs):
+            last = carried.bonus_tokens
+        else:  # not carried by SGLang (never seen): the host's copy, one more copy to the device
+            logger.warning("PARSE round without its carried input tokens (spec_info=%s): taken from the requests", type(carried).__name__)
+            last = torch.tensor([req.output_ids[-1] for req in batch.reqs], dtype=torch.int64).to(device)
+        return cls(batch.seq_lens, batch.seq_lens_cpu, batch.req_pool_indices, last)
+
+
+def next_round_input(bonus: torch.Tensor) -> EagleDraftInput:
+    """What SGLang carries to the next round for each request (filtered and merged with the
+    batch): its last emitted token, the next round's c_n."""
+    bonus = bonus.to(torch.int64)
+    return EagleDraftInput(
+        topk_p=torch.ones(bonus.shape[0], 1, dtype=torch.float32, device=bonus.device),
+        topk_index=bonus[:, None],
+        bonus_tokens=bonus,
+        hidden_states=None,
+        capture_hidden_mode=CaptureHiddenMode.NULL,
+    )
 
 
 class ParseWorker(BaseSpecWorker):
@@ -89,11 +114,13 @@ class ParseWorker(BaseSpecWorker):
         self.speculative_num_steps = self.config.draft_budget
         self.speculative_num_draft_tokens = self.config.draft_budget + 1  # chain width; meta_info divides by it
         tokenizer_path, trust = get_serving().tokenizer_path, get_model().trust_remote_code
-        self.tokenizer = target_tokenizer(tokenizer_path, trust)
+        self.texts = TokenTexts(target_tokenizer(tokenizer_path, trust), self.model_runner.model_config.vocab_size)
         self.probe = judge_probe_for(tokenizer_path, self.config.judge_question, trust) if self.config.uses_probe else None
-        self.suffix_ids = (
-            torch.tensor(self.probe.suffix_ids, dtype=torch.int64, device=self.device) if self.probe else None
-        )
+        self.suffix_ids = None
+        self.answer_columns = None
+        if self.probe:
+            self.suffix_ids = torch.tensor(self.probe.suffix_ids, dtype=torch.int64, device=self.device)
+            self.answer_columns = answer_columns(self.probe, self.device)
         self.window_max = verify_window_max(self.config, len(self.probe.suffix_ids) if self.probe else 0)
         reserved = spec.max_speculative_num_draft_tokens
         if reserved is not None and reserved < self.window_max:
@@ -103,7 +130,9 @@ class ParseWorker(BaseSpecWorker):
             )
         if target_worker.model_runner.is_hybrid_swa:
             raise ValueError("PARSE does not support hybrid sliding-window targets: allowed are full-attention models")
-        self.full_mask = default_tree_mask_mode().name == "FULL_MASK"
+        self.constants = shape_constants(self.model_runner)  # per-shape tensors, kept for the process
+        self.mask_buffer = None  # the FULL-mask buffer, reserved with the memory pools (GPU backends)
+        self.verify_graphs = VerifyGraphs(self.model_runner)
         self._draft_worker = DraftChain(server_args, gpu_id, nccl_port, target_worker, self.config.draft_budget)
         self.totals = ServerTotals()  # get_server_info()'s "parse" entry
         self.tp = TpSync.of_tp_group()  # rank 0's plan and decisions on every TP rank
@@ -127,57 +156,59 @@ class ParseWorker(BaseSpecWorker):
         drafts, draft_graphed = self._draft(batch, committed)  # 1. d_1..d_L
         window = self._plan_window(committed, drafts, policies)  # 2.-5. boundaries, probes, mask
         chain_logits, probe_logits, verify_graphed = self._verify(batch, committed, window)  # 6. ONE forward
-        accepted = self._accept(batch, window, chain_logits, probe_logits)  # 7.-8. read, accept
+        accepted = self._accept(batch, committed, window, chain_logits, probe_logits)  # 7.-8. read, accept
         accepted = self.tp.share_accepted(accepted)  # TP: rank 0's decisions on every rank
         graphed = draft_graphed and verify_graphed
-        self._record_stats(batch.reqs, window, accepted, graphed)
-        self._update_target_phases(batch.reqs, window, accepted)
+        self._record(batch.reqs, window, accepted, graphed)  # counters, target phases
         return self._result(batch, committed, window, accepted, chain_logits, graphed)  # 9. SGLang commits
 
     def _draft(self, batch: ScheduleBatch, committed: Committed) -> tuple[torch.Tensor, bool]:
         """[bs, L] greedy draft d_1..d_L from c_n (`DraftChain`: L+1 draft decode steps), and
         whether they ran as one graph replay."""
-        self._set_lengths(batch, committed, extra=0)
+        self._set_lengths(batch, committed)
         chain, graphed = self._draft_worker.draft(batch, committed.last_tokens)
         return chain[:, 1 : 1 + self.config.draft_budget], graphed
 
     def _plan_window(self, committed: Committed, drafts: torch.Tensor, policies) -> Window:
-        """Boundaries per request, then one device-built window for all of them."""
+        """Boundaries per request (the drafts' one trip to the host), then one device-built
+        window for all of them (the plan's one trip to the device)."""
         return plan_window(
-            drafts=drafts,
-            drafts_host=drafts.cpu(),  # one device-to-host copy per round
+            drafts_host=drafts.cpu(),
             last_tokens=committed.last_tokens,
             prefix_lens=committed.seq_lens,
             prefix_sum=int(committed.seq_lens_cpu.sum()),
             policies=policies,
-            tokenizer=self.tokenizer,
+            texts=self.texts,
             suffix_ids=self.suffix_ids,
             fixed_probes=max_probes(self.config) if self._fixed_window() else None,
-            full_mask_form=self.full_mask,
+            constants=self.constants,
+            mask_buffer=self.mask_buffer,
             share=self.tp.share_plan,  # TP: rank 0's drafts and boundaries on every rank
         )
 
     def _verify(self, batch: ScheduleBatch, committed: Committed, window: Window):
-        """The round's one target forward: TARGET_VERIFY over every request's window;
-        returns chain logits [bs * (L+1), V] and probe logits [bs, K, V]."""
+        """The round's one target forward: TARGET_VERIFY over every request's window (under
+        the graph captured at its shape, if any); returns chain logits [bs * (L+1), V] and
+        probe logits [bs, K, V]."""
         verify_input = window.verify_input
         rows = window.shape.rows
-        self._set_lengths(batch, committed, extra=0)
+        self._set_lengths(batch, committed)
         batch.forward_mode = ForwardMode.TARGET_VERIFY
         batch.spec_info = verify_input
         batch.input_ids = verify_input.input_ids
         slots = committed.seq_lens[:, None] + torch.arange(rows, device=self.device)
         req_to_token = self.req_to_token_pool.req_to_token
         batch.out_cache_loc = req_to_token[committed.rows[:, None], slots].reshape(-1).to(torch.int64)
-        out = self.target_worker.forward_batch_generation(batch, is_verify=True)
+        with self.verify_graphs.replaying(window.shape):
+            out = self.target_worker.forward_batch_generation(batch, is_verify=True)
         bs = len(batch.reqs)
         chain, probes = window.shape.split_logits(out.logits_output.next_token_logits, bs)
-        return chain.reshape(bs * window.width, -1), probes, out.can_run_cuda_graph
+        return chain.reshape(bs * window.chain_rows, -1), probes, out.can_run_cuda_graph
 
-    def _accept(self, batch: ScheduleBatch, window: Window, chain_logits, probe_logits) -> Accepted:
+    def _accept(self, batch: ScheduleBatch, committed: Committed, window: Window, chain_logits, probe_logits) -> Accepted:
         """a = min(max(a_exact, a_judge), acceptable length); emitted: d_1..d_a, then t_a."""
         bs, width = window.chain_tokens.shape
-        chain = ChainView.of(window.chain_tokens)
+        chain = self.constants.chain_view(window.chain_tokens)
         grammar_mask = None
         if batch.has_grammar:
             grammar_mask = build_grammar_vocab_mask(
@@ -197,7 +228,8 @@ class ParseWorker(BaseSpecWorker):
         )
         exact = exact_lens.to(torch.int64) - 1
         drafts = window.chain_tokens[:, 1:]
-        verdict = judge_window(window, chain_logits.view(bs, width, -1), probe_logits, self.probe)
+        chain_logits = chain_logits.view(bs, width, -1)
+        verdict = judge_window(window, chain_logits, probe_logits, self.probe, self.answer_columns)
         # accept_lengths' exact part is switched off (draft_lens 0): eagle_sample gave it.
         judge_len = accept_lengths(
             draft=drafts,
@@ -205,34 +237,47 @@ class ParseWorker(BaseSpecWorker):
             target_next=window.chain_tokens,
             boundaries=window.boundaries,
             passed=verdict.passed,
-            judge=window.judged,
+            judge=window.judge_on,
         ).accepted
-        phase_limits = target_phase_limits(
-            self.tokenizer, batch.reqs, window.configs, drafts, exact, predict.view(bs, width)
-        )
-        accepted = torch.minimum(torch.maximum(exact, judge_len), torch.minimum(window.draft_lens, phase_limits))
-        steps = torch.arange(width, device=self.device)
+        limit = torch.minimum(window.draft_lens, window.phase_limits)
+        accepted = torch.minimum(torch.maximum(exact, judge_len), limit)
+        # The bonus is SGLang's unless the judge took the request past its exact match, or the
+        # request is sampled on CPU: then it is drawn from chain row a here.
         exact_bonus = predict.view(bs, width).gather(1, accepted[:, None]).squeeze(1).to(torch.int64)
-        # The bonus is SGLang's unless the judge took the request past its exact match, or
-        # the request is sampled on CPU: then it is drawn from chain row a here.
-        own_bonus = (accepted > exact) | window.sampled
-        bonus = exact_bonus
-        if bool(own_bonus.any()):
-            sampled_bonus = bonus_tokens(batch, chain_logits.view(bs, width, -1), accepted)
-            bonus = torch.where(own_bonus, sampled_bonus, exact_bonus)
+        rows = chain_logits.gather(1, accepted[:, None, None].expand(-1, 1, chain_logits.shape[-1])).squeeze(1)
+        own_bonus = bonus_tokens(batch.sampling_info, rows, committed.seq_lens + accepted)
+        bonus = torch.where((accepted > exact) | window.sampled, own_bonus, exact_bonus)
         emitted = torch.cat([drafts, torch.zeros_like(drafts[:, :1])], dim=1)
         emitted.scatter_(1, accepted[:, None], bonus[:, None])
-        flat_rows = torch.arange(bs, device=self.device)[:, None] * width + steps
-        accept_index = torch.where(steps <= accepted[:, None], flat_rows, -1)
-        exact_kept = torch.minimum(exact, accepted)
-        return Accepted(
-            predict=emitted.reshape(-1).to(torch.int32),
-            accept_index=accept_index.to(torch.int32),
-            accept_lens=(accepted + 1).to(torch.int32),
-            exact=exact_kept,
-            judged=accepted - exact_kept,
-            scores=verdict.probe_scores,
-            likelihood=verdict.likelihood,
+        return Accepted(emitted, accepted, torch.minimum(exact, accepted), verdict)
+
+    def _record(self, reqs, window: Window, accepted: Accepted, graphed: bool) -> None:
+        """The round's result on the host (its one copy back): counters, then target phases."""
+        result = round_result(accepted)
+        record_round_stats(self.totals, reqs, window, result, graphed)
+        update_target_phases(
+            self.texts, reqs, window.configs, window.plan.judged.tolist(), window.plan.draft_lens.tolist(),
+            result.lengths, result.emitted,
+        )  # fmt: skip
+
+    def _result(self, batch, committed: Committed, window: Window, accepted: Accepted, chain_logits, graphed: bool):
+        """What SGLang's scheduler commits; `graphed` (the draft chain and the verify both ran
+        as graph replays) is what its decode log and metrics report as "cuda graph"."""
+        width = window.chain_rows
+        chain_output = LogitsProcessorOutput(next_token_logits=chain_logits)
+        next_token_ids = accepted.emitted.reshape(-1).to(torch.int32)
+        if batch.return_logprob:
+            accept_index = accepted.accept_index(self.constants.chain_view(window.chain_tokens).retrieve_index)
+            compute_spec_logprobs(batch, chain_output, next_token_ids, accept_index=accept_index)
+        bonus = accepted.emitted.gather(1, accepted.lengths[:, None]).squeeze(1)
+        return GenerationBatchResult(
+            logits_output=chain_output,
+            next_token_ids=next_token_ids,
+            accept_lens=accepted.accept_lens,
+            new_seq_lens=committed.seq_lens + accepted.accept_lens,
+            next_draft_input=next_round_input(bonus),
+            speculative_num_draft_tokens=width,
+            can_run_cuda_graph=graphed,
         )
 
     # ----- SGLang bookkeeping around the round ------------------------------------------
@@ -245,7 +290,8 @@ class ParseWorker(BaseSpecWorker):
         return self._round(batch)
 
     def _prefill(self, batch: ScheduleBatch) -> GenerationBatchResult:
-        """Target prefill (samples the first token), then the draft over the same slots."""
+        """Target prefill (samples the first token, the first round's c_n), then the draft
+        over the same slots."""
         result = self.target_worker.forward_batch_generation(batch)
         forward_batch = ForwardBatch.init_new(
             batch, self.draft_runner, capture_hidden_mode=CaptureHiddenMode.NULL, return_hidden_states_before_norm=False
@@ -253,53 +299,20 @@ class ParseWorker(BaseSpecWorker):
         forward_batch.return_logprob = False
         self.draft_runner.forward(forward_batch)
         result.new_seq_lens = batch.seq_lens
-        result.next_draft_input = None
+        result.next_draft_input = next_round_input(result.next_token_ids)
         return result
 
     def _fixed_window(self) -> bool:
-        """K_max probes every round: "fixed", or "auto" when the target's decode CUDA graph
-        replays the verify (its captured width is N_max)."""
+        """K_max probes every round a request probes: "fixed", or "auto" when the target's
+        decode CUDA graph replays the verify (its captured width is N_max)."""
         mode = self.config.verify_window
-        return mode == "fixed" or (mode == "auto" and self.model_runner.decode_cuda_graph_runner is not None)
+        return mode == "fixed" or (mode == "auto" and self.verify_graphs.captured)
 
     @staticmethod
-    def _set_lengths(batch: ScheduleBatch, committed: Committed, extra: int) -> None:
-        batch.seq_lens = committed.seq_lens + extra
-        batch.seq_lens_cpu = committed.seq_lens_cpu + extra
-        batch.seq_lens_sum = int(batch.seq_lens_cpu.sum())
-
-    def _update_target_phases(self, reqs, window: Window, accepted: Accepted) -> None:
-        """Enter a target phase after a judged rejection; leave it where its run was cut."""
-        update_target_phases(
-            self.tokenizer,
-            reqs,
-            window.configs,
-            judged=window.judged.tolist(),
-            draft_lens=window.draft_lens.tolist(),
-            accepted=(accepted.exact + accepted.judged).tolist(),
-            emitted=accepted.predict.view(len(reqs), window.width).tolist(),
-        )
-
-    def _record_stats(self, reqs, window: Window, accepted: Accepted, graphed: bool) -> None:
-        """Per-request counters and the server's totals (round_record)."""
-        record_round_stats(self.totals, reqs, window, accepted, graphed)
-
-    def _result(self, batch, committed: Committed, window: Window, accepted: Accepted, chain_logits, graphed: bool):
-        """What SGLang's scheduler commits; `graphed` (the draft chain and the verify both ran
-        as graph replays) is what its decode log and metrics report as "cuda graph"."""
-        chain_output = LogitsProcessorOutput(next_token_logits=chain_logits)
-        if batch.return_logprob:
-            compute_spec_logprobs(batch, chain_output, accepted.predict, accept_index=accepted.accept_index)
-        next_token_ids = accepted.predict[accepted.accept_index.reshape(-1).long()]
-        return GenerationBatchResult(
-            logits_output=chain_output,
-            next_token_ids=next_token_ids,
-            accept_lens=accepted.accept_lens,
-            new_seq_lens=committed.seq_lens + accepted.accept_lens,
-            next_draft_input=None,
-            speculative_num_draft_tokens=window.width,
-            can_run_cuda_graph=graphed,
-        )
+    def _set_lengths(batch: ScheduleBatch, committed: Committed) -> None:
+        batch.seq_lens = committed.seq_lens
+        batch.seq_lens_cpu = committed.seq_lens_cpu
+        batch.seq_lens_sum = int(committed.seq_lens_cpu.sum())
 
     @property
     def draft_runner(self):
@@ -315,6 +328,18 @@ class ParseWorker(BaseSpecWorker):
                 "PARSE does not support hybrid (mamba/linear-attention) targets: allowed are full-attention models"
             )
         super().alloc_memory_pool(memory_pool_config, req_to_token_pool, token_to_kv_pool_allocator)
+        if default_tree_mask_mode().name == "FULL_MASK":  # the GPU backends read the FULL form
+            rows, max_bs = self.window_max, get_schedule().max_running_requests
+            committed = min(token_to_kv_pool_allocator.size, max_bs * self.model_runner.model_config.context_len)
+            capacity = rows * (committed + max_bs * rows)  # N * sum(P) + bs * N * N, at most
+            self.mask_buffer = FullMaskBuffer(capacity, self.device)
+            logger.info("PARSE FULL-mask buffer: %.1f MiB", capacity / 2**20)
+
+    def init_cuda_graphs(self):
+        """The draft chain's graphs; then, where the target's verify graph is captured at the
+        probe width, the chain-only width too (a batch in which no request probes)."""
+        super().init_cuda_graphs()
+        self.verify_graphs.capture(self.config)
 
     @property
     def spec_v2_attn_backends(self) -> tuple:

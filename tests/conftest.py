@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from parse_sglang.cpu import CPU_ENGINE_SETTINGS
-from parse_sglang.tiny_models import build_pair
+from support.tiny_models import build_pair
 
 # Prompts that every SGLang parity test uses; the later ones repeat themselves, which gives
 # NGRAM's corpus something to match.

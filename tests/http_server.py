@@ -103,14 +103,13 @@ def launched_server(
 
 
 @contextlib.contextmanager
-def lossless_parse_server(tiny_pair, log_dir, draft_steps: int, **overrides):
-    """`launched_server` serving the tiny pair with PARSE, judge off (greedy output == the
-    target's), L = draft_steps, with STRICT_MEM_CHECKS."""
-    from parse_sglang.config import ParseConfig
+def parse_server(tiny_pair, log_dir, config, **overrides):
+    """`launched_server` serving the tiny pair with PARSE at `config` (a ParseConfig; judge off:
+    greedy output == the target's), with STRICT_MEM_CHECKS."""
     from parse_sglang.demo import parse_engine_kwargs
 
     target, draft = tiny_pair
-    parse = parse_engine_kwargs(draft, ParseConfig(draft_budget=draft_steps, judge=False))
+    parse = parse_engine_kwargs(draft, config)
     with launched_server(target, log_dir, env=STRICT_MEM_CHECKS, timeout=600.0, **parse, **overrides) as server:
         yield server
 

@@ -1,7 +1,10 @@
 """SGLang tier, HTTP, fuzzing: no request can kill a PARSE server or change another's output.
 
-One real PARSE server (`http_server.lossless_parse_server`, 127.0.0.1; tiny fp32 pair, judge
-off, L = 4: lossless) with SGLang's strict memory checks, as in test_sglang_parse_server.py.
+Two real PARSE servers in turn (`http_server.parse_server`, 127.0.0.1; tiny fp32 pair, L = 4)
+with SGLang's strict memory checks, as in test_sglang_parse_server.py: one with the judge off
+(lossless), one with the probe judge on (probe rows in its verify window), whose valid requests
+also turn the judge off, or switch it to the likelihood judge, and change τ, λ, Δ and L per
+request (`judged` cases: served in full, counters present; outputs not compared).
 
 `test_fuzz` sends FUZZ_REQUESTS requests built from a fixed seed, from a pool of THREADS
 threads, under a deadline: malformed JSON bodies, wrong types and out-of-range values in the
@@ -30,7 +33,9 @@ from concurrent.futures import ThreadPoolExecutor, wait
 import pytest
 import requests
 from conftest import hf_greedy
-from http_server import MEM_LINE, assert_memory_balanced, greedy, lossless_parse_server
+from http_server import MEM_LINE, assert_memory_balanced, greedy, parse_server
+
+from parse_sglang.settings import ParseConfig
 
 pytestmark = pytest.mark.sglang
 
@@ -46,9 +51,17 @@ WORDS = "the a model draft token answer step one two three add sum so then cat d
 IN_VOCAB = f"allowed is [0, {VOCAB}) (the model's vocabulary)"
 
 
-@pytest.fixture(scope="module")
-def server(tiny_pair, tmp_path_factory):
-    with lossless_parse_server(tiny_pair, tmp_path_factory.mktemp("fuzz_server"), 4, max_running_requests=16) as srv:
+SERVERS = {
+    "lossless": ParseConfig(draft_budget=4, judge=False),
+    "judged": ParseConfig(draft_budget=4, probe_stride=2, threshold=0.3),
+}
+
+
+@pytest.fixture(scope="module", params=list(SERVERS))
+def server(request, tiny_pair, tmp_path_factory):
+    config = SERVERS[request.param]
+    with parse_server(tiny_pair, tmp_path_factory.mktemp("fuzz_server"), config, max_running_requests=16) as srv:
+        srv.judged = config.judge
         yield srv
 
 
@@ -59,10 +72,11 @@ class Case:
     body: object  # a JSON value, or a str sent as the raw body
     expected: list | None = None  # valid: the output ids (a list of them for a batch)
     close_after: int = 0  # > 0: a valid stream, closed by us after this many events
+    judged: int = 0  # > 0: a valid judged request: served with this many tokens (outputs not compared)
 
     @property
     def valid(self) -> bool:
-        return self.expected is not None or self.close_after > 0
+        return self.expected is not None or self.close_after > 0 or self.judged > 0
 
 
 @dataclasses.dataclass
@@ -115,7 +129,7 @@ def send(server, case: Case) -> Outcome:
         return Outcome("dropped", repr(err), time.monotonic() - start)
 
 
-VERDICTS = ("served", "closed", "refused", "refused in stream")
+VERDICTS = ("served", "judged", "closed", "refused", "refused in stream")
 
 
 def verdict(case: Case, outcome: Outcome) -> str:
@@ -124,6 +138,9 @@ def verdict(case: Case, outcome: Outcome) -> str:
     if case.close_after:
         ok = status == 200 and body and stream_error_code(body) is None
         return "closed" if ok else f"stream to close got {status}: {str(body)[:300]}"
+    if case.judged:
+        ok = status == 200 and len(body["output_ids"]) == case.judged and body["meta_info"]["parse"]["rounds"] > 0
+        return "judged" if ok else f"judged request got {status}: {str(body)[:300]}"
     if case.expected is not None:
         if status != 200:
             return f"valid request got {status}: {str(body)[:300]}"
@@ -136,11 +153,17 @@ def verdict(case: Case, outcome: Outcome) -> str:
     return f"invalid request got {status}: {str(body)[:300]}"
 
 
+def exact(max_new: int, judged_server: bool) -> dict:
+    """Greedy params whose output must be the target's: on a judged server, with the judge off."""
+    return greedy(max_new, custom_params={"parse": {"judge": False}}) if judged_server else greedy(max_new)
+
+
 class FuzzCases:
     """The fuzz requests, every choice drawn from one seeded Random."""
 
-    def __init__(self, rng: random.Random, hf_target):
+    def __init__(self, rng: random.Random, hf_target, judged_server: bool):
         self.rng, (self.tokenizer, self.model) = rng, hf_target
+        self.judged_server = judged_server
 
     def prompt(self) -> str:
         shared = "Step one: add the numbers. " if self.rng.random() < 0.3 else ""
@@ -154,15 +177,26 @@ class FuzzCases:
 
     def valid(self) -> Case:
         max_new = self.rng.randint(1, 8)
+        sampling = exact(max_new, self.judged_server)
         if self.rng.random() < 0.2:  # a batch of prompt ids
             batch = [self.ids() for _ in range(self.rng.randint(2, 3))]
             expected = [self.target(ids, max_new) for ids in batch]
-            return Case("valid greedy", "/generate", {"input_ids": batch, "sampling_params": greedy(max_new)}, expected)
+            return Case("valid greedy", "/generate", {"input_ids": batch, "sampling_params": sampling}, expected)
         text = self.prompt()
         ids = self.tokenizer(text).input_ids
         prompt = {"text": text} if self.rng.random() < 0.5 else {"input_ids": ids}
-        body = {**prompt, "sampling_params": greedy(max_new)}
-        return Case("valid greedy", "/generate", body, self.target(ids, max_new))
+        return Case("valid greedy", "/generate", {**prompt, "sampling_params": sampling}, self.target(ids, max_new))
+
+    def judged(self) -> Case:
+        """A valid request with its own judge settings (a judged server's)."""
+        parse = self.rng.choice(
+            [{}, {"threshold": self.rng.random()}, {"judge_mode": "likelihood", "likelihood_threshold": self.rng.random()},
+             {"judge_mode": "both", "threshold": 0.2}, {"draft_budget": self.rng.randint(1, 4), "probe_stride": 3},
+             {"return_probe_scores": True, "after_rejection": "target_to_delimiter"}]
+        )  # fmt: skip
+        max_new = self.rng.randint(2, 12)  # the first token is the prefill's: at least one round
+        body = {"text": self.prompt(), "sampling_params": greedy(max_new, custom_params={"parse": parse})}
+        return Case("valid judged", "/generate", body, judged=max_new)
 
     def closed_stream(self) -> Case:
         body = {"text": self.prompt(), "stream": True, "sampling_params": greedy(300)}
@@ -215,9 +249,11 @@ class FuzzCases:
     def bad_parse_settings(self) -> Case:
         parse = self.rng.choice(
             [{"threshold": "x"}, {"threshold": 2}, {"threshold": None}, {"draft_budget": 0}, {"draft_budget": 2.5},
-             {"draft_budget": "2"}, {"draft_budget": 99}, {"draft_budget": [1]}, {"judge": "yes"}, {"judge": True},
+             {"draft_budget": "2"}, {"draft_budget": 99}, {"draft_budget": [1]}, {"judge": "yes"},
              {"probe_stride": None}, {"probe_stride": -1}, {"after_rejection": 5}, {"return_probe_scores": 1},
-             {"delimiters": ["\n"]}, {"nope": 1}, "not json", "[1, 2]", 5, [1], True]
+             {"delimiters": ["\n"]}, {"nope": 1}, "not json", "[1, 2]", 5, [1], True,
+             # beyond what the server reserved: denser probes than its own, or a judge it turned off
+             {"probe_stride": 1} if self.judged_server else {"judge": True}]
         )  # fmt: skip
         return self.generate('bad custom_params["parse"]', {"custom_params": {"parse": parse}})
 
@@ -266,6 +302,8 @@ class FuzzCases:
             (self.out_of_range, 0.14), (self.bad_parse_settings, 0.10), (self.oov_ids, 0.12),
             (self.empty_prompt, 0.03), (self.over_long_prompt, 0.03), (self.huge_max_new_tokens, 0.02),
         ]  # fmt: skip
+        if self.judged_server:
+            makers.append((self.judged, 0.15))
         makers_only, weights = zip(*makers)
         return [self.rng.choices(makers_only, weights)[0]() for _ in range(count)]
 
@@ -287,8 +325,7 @@ def print_summary(rows: dict, seconds: float, alive: str) -> None:
 
 
 def test_fuzz(server, hf_target, capsys):
-    cases = FuzzCases(random.Random(SEED), hf_target).build(FUZZ_REQUESTS)
-    assert len(cases) <= 200
+    cases = FuzzCases(random.Random(SEED), hf_target, server.judged).build(FUZZ_REQUESTS)
     start = time.monotonic()
     with ThreadPoolExecutor(max_workers=THREADS) as pool:
         futures = {pool.submit(send, server, case): case for case in cases}
@@ -309,7 +346,7 @@ def test_fuzz(server, hf_target, capsys):
     # Afterwards: alive, a last valid request exact, the memory balance clean once idle.
     tokenizer, model = hf_target
     health = requests.get(server.url + "/health", timeout=TIMEOUT).status_code
-    last = server.post("/generate", {"text": "The last request", "sampling_params": greedy(16)})
+    last = server.post("/generate", {"text": "The last request", "sampling_params": exact(16, server.judged)})
     last_ok = last["output_ids"] == hf_greedy(model, tokenizer("The last request").input_ids, 16, ignore_eos=True)
     deadline = time.monotonic() + TIMEOUT
     while requests.post(server.url + "/flush_cache", timeout=TIMEOUT).status_code != 200:  # 400 while busy
@@ -328,7 +365,7 @@ def test_fuzz(server, hf_target, capsys):
     assert "Traceback" not in log  # no 5xx and no scheduler error behind a refusal
     assert_memory_balanced(log, min_checks=10)
     kinds = {case.kind for case in cases}
-    assert len(kinds) == 10, kinds  # every kind was drawn at least once
+    assert len(kinds) == 10 + server.judged, kinds  # every kind was drawn at least once
 
 
 def test_out_of_vocabulary_ids_refused_by_name_while_good_requests_finish(server, hf_target):
@@ -357,7 +394,7 @@ def test_out_of_vocabulary_ids_refused_by_name_while_good_requests_finish(server
     ]  # fmt: skip
     good = ["one two", "def f(x):", "Yes no"]
     with ThreadPoolExecutor(max_workers=len(bad) + len(good)) as pool:
-        good_cases = [Case("good", "/generate", {"text": p, "sampling_params": greedy(24)}) for p in good]
+        good_cases = [Case("good", "/generate", {"text": p, "sampling_params": exact(24, server.judged)}) for p in good]
         good_replies = [pool.submit(send, server, case) for case in good_cases]
         replies = list(pool.map(lambda b: send(server, Case("bad", b[0], b[1])), bad))
     for (path, body, named), outcome in zip(bad, replies):

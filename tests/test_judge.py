@@ -14,7 +14,7 @@ from parse_sglang.judge import (
     judge_scores,
     score_from_answer_logits,
 )
-from parse_sglang.tiny_models import build_tokenizer
+from support.tiny_models import build_tokenizer
 
 # Qwen3-style ChatML: earlier assistant turns lose their <think> block, the assistant turn
 # after the last user message keeps one (empty when there was none), and the generation

@@ -17,7 +17,7 @@ from transformers import AttentionInterface, AutoModelForCausalLM
 
 from parse_sglang.attention.layout import VerifyRequest, build_verify_layout, expand_qlen_only_mask, indptr_of
 from parse_sglang.attention.paged import paged_prefill_attention
-from parse_sglang.tiny_models import build_model
+from support.tiny_models import build_model
 
 ATTN_NAME = "parse_paged_test"
 TOL = 1e-4

@@ -103,7 +103,7 @@ def test_draft_agreement_floor(hf, target_greedy):
 
 
 def test_reference_lossless_equals_target_greedy(hf, target_greedy):
-    from parse_sglang.config import ParseConfig
+    from parse_sglang.settings import ParseConfig
     from parse_sglang.reference import ParseGenerator
 
     tokenizer, target, draft, prompt_ids = hf
@@ -143,7 +143,7 @@ def test_sglang_parse_lossless_equals_transformers(smollm2_dirs, hf, target_gree
     the draft model's own greedy continuations (SGLang's EAGLE chain machinery, L = 4)."""
     from conftest import assert_drafts_are_draft_greedy
 
-    from parse_sglang.config import ParseConfig
+    from parse_sglang.settings import ParseConfig
     from parse_sglang.demo import engine_kwargs, parse_engine_kwargs
 
     outs = sglang_greedy(
@@ -180,7 +180,7 @@ def test_cache_root_precedence(monkeypatch, tmp_path):
 
 @pytest.fixture(scope="module")
 def tiny_llama(tmp_path_factory):
-    from parse_sglang.tiny_models import build_model
+    from support.tiny_models import build_model
 
     return build_model(tmp_path_factory.mktemp("tiny_llama"), arch="llama", num_layers=4)
 

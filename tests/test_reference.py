@@ -9,9 +9,9 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from parse_sglang import reference
-from parse_sglang.config import ParseConfig
+from parse_sglang.settings import ParseConfig
 from parse_sglang.reference import ParseGenerator, parallel_verify
-from parse_sglang.tiny_models import build_model, build_pair
+from support.tiny_models import build_model, build_pair
 
 PROMPTS = [
     "The model is correct. So we add",

@@ -36,8 +36,7 @@ def test_register_installs_once_and_reports(cpu_runtime):
     from sglang.srt.speculative.draft_utils import DraftBackendFactory
 
     from parse_sglang.plugin import register
-    from parse_sglang.scheduler_patches.torch_native_draft import _add_torch_native
-    from parse_sglang.scheduler_patches.torch_native_verify import create_torch_native_spec_backend
+    from parse_sglang.cpu.torch_native_verify import create_torch_native_spec_backend
 
     first = register()
     assert register() is first
@@ -48,7 +47,6 @@ def test_register_installs_once_and_reports(cpu_runtime):
     wrapped = DraftBackendFactory._create_backend
     assert not hasattr(wrapped.__wrapped__, "__wrapped__")
     assert wrapped.__wrapped__.__qualname__ == "DraftBackendFactory._create_backend"
-    assert _add_torch_native.__module__.endswith("torch_native_draft")
 
 
 def test_signature_mismatch_names_function_expected_and_found(cpu_runtime):

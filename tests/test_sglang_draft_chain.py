@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from conftest import BATCH_PROMPTS, assert_drafts_are_draft_greedy
-from parse_sglang.config import ParseConfig
+from parse_sglang.settings import ParseConfig
 from parse_sglang.demo import parse_engine_kwargs
 
 pytestmark = pytest.mark.sglang

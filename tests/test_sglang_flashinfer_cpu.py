@@ -1,7 +1,7 @@
 """SGLang's FlashInfer attention backend executed on CPU: SGLang's real backend Python, our torch kernels.
 
 `parse_sglang.cpu.enable_flashinfer_standin()` (opt-in) puts a torch stand-in of `flashinfer`
-on the import path, and the plugin then installs scheduler_patches/flashinfer_on_cpu.py in
+on the import path, and the plugin then installs cpu/flashinfer_on_cpu.py in
 the processes that see it. Here:
 - units, no engine: the stand-in's wrappers against `paged_prefill_attention` and a float64
   softmax reference (custom mask, causal, decode, ragged + merge_state == one attention over
@@ -36,7 +36,7 @@ from conftest import BATCH_PROMPTS, hf_greedy, sglang_engine, standalone_kwargs
 from parse_sglang.attention.layout import indptr_of
 from parse_sglang.attention.packbits import segment_packbits as ours_segment_packbits
 from parse_sglang.attention.paged import paged_prefill_attention
-from parse_sglang.config import ParseConfig
+from parse_sglang.settings import ParseConfig
 from parse_sglang.cpu import flashinfer_ops as fi
 from parse_sglang.cpu import triton_ops
 from parse_sglang.demo import parse_engine_kwargs
@@ -251,7 +251,7 @@ def multistep(tiny_pair, cpu_runtime):
     """(backend, pool, req_to_token) with SGLang's multi-step draft backend (topk 1, 4 steps) over
     real CPU pools, its runner a namespace with what the backend reads, in a private runtime context."""
     with flashinfer_standin():
-        from parse_sglang.scheduler_patches import flashinfer_on_cpu
+        from parse_sglang.cpu import flashinfer_on_cpu
 
         flashinfer_on_cpu.install()
         from sglang.srt.layers.attention.flashinfer_backend import FlashInferMultiStepDraftBackend

@@ -4,7 +4,7 @@ One engine runs with decode graphs ON: SGLang's `DecodeCudaGraphRunner` captures
 TARGET_VERIFY (fixed window, N_max rows, request-major logits rows, the PARSE capture input)
 and its `EAGLEDraftCudaGraphRunner` captures the whole draft chain, for batch sizes 1..16;
 graph capture/replay itself is the eager stand-in (`parse_sglang.cpu.graph_replay`), every
-runner around it is SGLang's GPU-path code (`scheduler_patches/cpu_graphs.py`). A second
+runner around it is SGLang's GPU-path code (`cpu/cpu_graphs.py`). A second
 engine runs the same settings eagerly with the variable window. Batches of 11 requests are
 padded to the captured 16, and shrink (and pad) as requests finish.
 """
@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from conftest import BATCH_PROMPTS, assert_drafts_are_draft_greedy, hf_greedy
-from parse_sglang.config import ParseConfig
+from parse_sglang.settings import ParseConfig
 from parse_sglang.cpu import CPU_GRAPHS_ENV
 from parse_sglang.demo import parse_engine_kwargs
 
@@ -70,6 +70,9 @@ def test_lossless_under_graphs_equals_target_greedy(graphs_engine, hf_target):
         assert out["meta_info"]["parse"]["accepted_judged"] == 0
     passes = after["verify_passes"] - before["verify_passes"]
     assert passes > 0 and after["graph_passes"] - before["graph_passes"] == passes  # every round replayed
+    # No request probes: the chain-only graph (L + 1 rows), not the probe-width one.
+    rows = after["verify_rows"] - before["verify_rows"]
+    assert rows == (after["rounds"] - before["rounds"]) * (JUDGED.draft_budget + 1)
     assert sum(out["meta_info"]["parse"]["accepted_exact"] for out in outs) > 0
 
 
@@ -106,15 +109,21 @@ def test_drafts_are_the_draft_models_greedy(graphs_engine, hf_target, hf_draft):
 
 
 def test_graph_reservations_of_the_design_example():
-    """Qwen3-8B target, context 40,960, max_bs 48, N_max 125 (L=32, K=4, m=23): the buffers
-    DESIGN.md §7 lists, and the logits buffer cut to the 37 rows PARSE reads per request."""
+    """Qwen3-8B target, context 40,960, max_bs 48, N_max 125 (L=32, K=4, m=23): DESIGN.md §7's
+    figures (FlashInfer KV indices ~983 MB at N_max, mask ~246 MB, logits 3.6 GB unpruned),
+    plus the chain-only verify graph's KV indices (33 rows), with the logits buffer cut to the
+    37 rows PARSE reads per request."""
     from parse_sglang.graph_memory import MIB, GraphReservations
 
     r = GraphReservations(max_bs=48, window_rows=125, read_rows=37, draft_steps=34, context_len=40960, vocab_size=151936)
-    assert round(r.verify_kv_indices / 1e6) == 983 and round(r.verify_custom_mask / 1e6) == 246
-    assert round(r.logits_unpruned / 1e9, 1) == 3.6 and r.logits == r.logits_unpruned * 37 // 125
-    assert r.total == r.verify_kv_indices + r.verify_custom_mask + r.draft_kv_indices + r.logits
+    n_max_indices, chain_indices = 983_040_000, 259_522_560  # 48 x 125 (33) rows x 40,960 x 4 bytes
+    assert r.verify_kv_indices == n_max_indices + chain_indices and round(r.verify_custom_mask / 1e6) == 247
+    assert round(r.logits_unpruned / 1e9, 1) == 3.6 and round(r.logits / 1e9, 2) == 1.08
+    assert r.total == 1_242_562_560 + 246_510_000 + 267_386_880 + 1_079_353_344
     assert f"{r.total / MIB:.0f} MiB" in r.describe()
+    chain_only = GraphReservations(max_bs=48, window_rows=33, read_rows=33, draft_steps=34, context_len=40960,
+                                   vocab_size=151936)  # a server without probes captures one width
+    assert chain_only.verify_kv_indices == chain_indices
 
 
 def test_startup_refuses_graph_reservations_beyond_headroom(tiny_pair, cpu_runtime):

@@ -23,7 +23,7 @@ import pytest
 import torch
 
 from conftest import BATCH_PROMPTS, PROMPTS, engine_kwargs, hf_greedy
-from parse_sglang.config import ParseConfig
+from parse_sglang.settings import ParseConfig
 from parse_sglang.demo import parse_engine_kwargs
 from parse_sglang.counters import COUNTERS
 
@@ -173,7 +173,7 @@ def test_server_info_reports_parse_totals(lossless_engine):
     outs = lossless_engine.generate(BATCH_PROMPTS, greedy({}))
     after = totals()
     stats = [out["meta_info"]["parse"] for out in outs]
-    delta = {name: after[name] - before[name] for name in (*COUNTERS, "requests", "emitted_tokens")}
+    delta = {name: after[name] - before[name] for name in (*COUNTERS, "requests", "verify_passes", "emitted_tokens")}
     assert delta["requests"] == len(outs)
     for name in ("rounds", "draft_tokens", "accepted_exact", "accepted_judged"):
         assert delta[name] == sum(s[name] for s in stats), name
@@ -391,7 +391,7 @@ def test_startup_refuses_draft_with_other_vocabulary(tiny_pair, cpu_runtime, tmp
     """Refused in the caller's process, naming the draft and both vocabulary sizes."""
     import sglang
 
-    from parse_sglang.tiny_models import build_model
+    from support.tiny_models import build_model
 
     draft = str(build_model(tmp_path_factory.mktemp("draft_vocab300"), vocab_size=300))
     named = f"--speculative-draft-model-path={draft!r}: its vocabulary size 300 differs from the target's 400"

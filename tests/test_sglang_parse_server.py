@@ -28,8 +28,9 @@ from http_server import (
     assert_memory_balanced,
     assert_shutdown_leaves_no_process,
     greedy,
-    lossless_parse_server,
+    parse_server,
 )
+from parse_sglang.settings import ParseConfig
 
 pytestmark = pytest.mark.sglang
 
@@ -47,7 +48,8 @@ def target_greedy(hf_target, prompt_ids: list[int], max_new: int) -> list[int]:
 @pytest.fixture(scope="module")
 def server(tiny_pair, tmp_path_factory):
     log_dir = tmp_path_factory.mktemp("parse_server")
-    with lossless_parse_server(tiny_pair, log_dir, DRAFT_STEPS, max_running_requests=MAX_RUNNING) as srv:
+    with parse_server(tiny_pair, log_dir, ParseConfig(draft_budget=DRAFT_STEPS, judge=False),
+                      max_running_requests=MAX_RUNNING) as srv:  # fmt: skip
         yield srv
 
 
@@ -181,7 +183,7 @@ def test_64_concurrent_requests_equal_target_greedy(server, hf_target):
         meta, stats = out["meta_info"], out["meta_info"]["parse"]
         assert out["output_ids"] == target_greedy(hf_target, tokenizer(prompt).input_ids, n), prompt
         assert meta["completion_tokens"] == n and meta["finish_reason"]["type"] == "length"
-        assert 0 < stats["rounds"] == stats["verify_passes"] == meta["spec_verify_ct"]
+        assert 0 < stats["rounds"] == meta["spec_verify_ct"]
         assert stats["accepted_judged"] == 0
         tokens, rounds = tokens + n - 1, rounds + stats["rounds"]  # the first token is the prefill's
     assert tokens / rounds > 1.2  # drafts were accepted: more than one token per round

@@ -26,7 +26,7 @@ import pytest
 import torch
 
 from conftest import PROMPTS, hf_greedy, sglang_engine
-from parse_sglang.config import ParseConfig
+from parse_sglang.settings import ParseConfig
 from parse_sglang.demo import parse_engine_kwargs
 from parse_sglang.tp_sync import FAULT_ENV, TpSync, broadcast_packed
 
@@ -98,13 +98,11 @@ class _Record:
 
 @dataclasses.dataclass
 class _Accepted:
-    """accepted.Accepted's shared fields (without importing SGLang in the test process)."""
+    """acceptance.Accepted's shared fields."""
 
-    predict: torch.Tensor
-    accept_index: torch.Tensor
-    accept_lens: torch.Tensor
-    exact: torch.Tensor
-    judged: torch.Tensor
+    emitted: torch.Tensor
+    lengths: torch.Tensor
+    exact_tokens: torch.Tensor
 
 
 @dataclasses.dataclass
@@ -113,8 +111,13 @@ class _Plan:
 
     drafts: torch.Tensor
     draft_lens: torch.Tensor
+    phase_limits: torch.Tensor
     judged: torch.Tensor
     probed: torch.Tensor
+    likelihood: torch.Tensor
+    sampled: torch.Tensor
+    thresholds: torch.Tensor
+    likelihood_thresholds: torch.Tensor
     bounds: torch.Tensor
 
 
@@ -138,25 +141,29 @@ def _rank_main(rank: int, init_file: str, fault: str, results) -> None:
     plan = _Plan(
         drafts=torch.tensor([[5, 6, 7], [8, 9, 10]]) + 10 * rank,
         draft_lens=torch.tensor([3, 2 - rank]),
+        phase_limits=torch.tensor([3, 3 - rank]),
         judged=torch.tensor([True, rank == 0]),
         probed=torch.tensor([rank == 0, True]),
+        likelihood=torch.tensor([False, rank == 1]),
+        sampled=torch.tensor([False, False]),
+        thresholds=torch.tensor([0.3, 0.5 + rank]),
+        likelihood_thresholds=torch.tensor([0.25, 0.5]),
         bounds=torch.tensor([[2, 3, 0], [2, 0, 0]]),
     )
     shared = sync.share_plan(plan)
     accepted = sync.share_accepted(
         _Accepted(
-            predict=torch.arange(4, dtype=torch.int32) * (rank + 1),
-            accept_index=torch.tensor([[0, 1 - rank], [2, -1]], dtype=torch.int32),
-            accept_lens=torch.tensor([2 - rank, 1], dtype=torch.int32),
-            exact=torch.tensor([1, rank]),
-            judged=torch.tensor([rank, 0]),
+            emitted=torch.tensor([[1, 2, 3], [4, 5, 6]]) * (rank + 1),
+            lengths=torch.tensor([2 - rank, 1]),
+            exact_tokens=torch.tensor([1, rank]),
         )
     )
     results[rank] = (
         shared is plan,
-        [getattr(shared, name).tolist() for name in ("drafts", "draft_lens", "judged", "probed", "bounds")],
+        {field.name: (getattr(shared, field.name).dtype, getattr(shared, field.name).tolist())
+         for field in dataclasses.fields(shared)},
         {name: (value.dtype, value.tolist()) for name, value in dataclasses.asdict(accepted).items()},
-    )
+    )  # fmt: skip
     dist.destroy_process_group()
 
 
@@ -180,7 +187,8 @@ def test_broadcast_packed_keeps_shapes_and_dtypes(tmp_path):
 
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'init'}", rank=0, world_size=1)
     try:
-        tensors = [torch.tensor([[1, -1], [3, 4]], dtype=torch.int32), torch.tensor([7]), torch.tensor([True, False])]
+        tensors = [torch.tensor([[1, -1], [3, 4]], dtype=torch.int32), torch.tensor([7, -2]),
+                   torch.tensor([True, False]), torch.tensor([0.1, 2.5e-8]), torch.zeros(2, 0, dtype=torch.int64)]  # fmt: skip
         back = broadcast_packed(tensors, 0, dist.group.WORLD)
         assert [(t.dtype, t.shape, t.tolist()) for t in back] == [(t.dtype, t.shape, t.tolist()) for t in tensors]
     finally:
@@ -192,20 +200,29 @@ def test_every_rank_gets_rank0s_plan_and_decisions(tmp_path, fault):
     results = _two_ranks(tmp_path, fault)
     (same0, plan0, acc0), (same1, plan1, acc1) = results[0], results[1]
     assert same0 and not same1  # rank 0 keeps its own objects; rank 1 takes rank 0's values
-    assert plan1 == plan0 == [[[5, 6, 7], [8, 9, 10]], [3, 2], [True, True], [True, True], [[2, 3, 0], [2, 0, 0]]]
+    assert plan1 == plan0 == {
+        "drafts": (torch.int64, [[5, 6, 7], [8, 9, 10]]),
+        "draft_lens": (torch.int64, [3, 2]),
+        "phase_limits": (torch.int64, [3, 3]),
+        "judged": (torch.bool, [True, True]),
+        "probed": (torch.bool, [True, True]),
+        "likelihood": (torch.bool, [False, False]),
+        "sampled": (torch.bool, [False, False]),
+        "thresholds": (torch.float32, [0.30000001192092896, 0.5]),  # float32 bits travel exactly
+        "likelihood_thresholds": (torch.float32, [0.25, 0.5]),
+        "bounds": (torch.int64, [[2, 3, 0], [2, 0, 0]]),
+    }
     assert acc1 == acc0 == {
-        "predict": (torch.int32, [0, 1, 2, 3]),
-        "accept_index": (torch.int32, [[0, 1], [2, -1]]),
-        "accept_lens": (torch.int32, [2, 1]),
-        "exact": (torch.int64, [1, 0]),
-        "judged": (torch.int64, [0, 0]),
+        "emitted": (torch.int64, [[1, 2, 3], [4, 5, 6]]),
+        "lengths": (torch.int64, [2, 1]),
+        "exact_tokens": (torch.int64, [1, 0]),
     }
 
 
 def test_drafts_unsynced_fault_skips_only_the_plan_broadcast(tmp_path):
     results = _two_ranks(tmp_path, "skew-drafts-unsynced")
-    assert results[0][1][0] == [[5, 6, 7], [8, 9, 10]]
-    assert results[1][1][0] == [[14, 15, 16], [17, 18, 19]]  # its own drafts, each id moved by one
+    assert results[0][1]["drafts"][1] == [[5, 6, 7], [8, 9, 10]]
+    assert results[1][1]["drafts"][1] == [[14, 15, 16], [17, 18, 19]]  # its own drafts, each id moved by one
     assert results[1][2] == results[0][2]  # decisions still rank 0's
 
 

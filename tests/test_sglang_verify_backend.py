@@ -19,7 +19,7 @@ REQ_TO_TOKEN = torch.arange(2 * 12, dtype=torch.int32).view(2, 12) + 100  # pool
 
 @pytest.fixture(scope="module")
 def verify(cpu_runtime):
-    from parse_sglang.scheduler_patches import torch_native_verify
+    from parse_sglang.cpu import torch_native_verify
 
     return torch_native_verify
 
@@ -86,7 +86,7 @@ def _stub_runner():
 
 
 def test_multi_step_draft_backend_reads_prefix_plus_steps_so_far(cpu_runtime):
-    from parse_sglang.scheduler_patches.torch_native_draft import TorchNativeMultiStepDraftBackend
+    from parse_sglang.cpu.torch_native_draft import TorchNativeMultiStepDraftBackend
 
     backend = TorchNativeMultiStepDraftBackend(_stub_runner(), topk=1, speculative_num_steps=3)
     assert len(backend.attn_backends) == 2
@@ -103,7 +103,7 @@ def test_multi_step_draft_backend_reads_prefix_plus_steps_so_far(cpu_runtime):
 
 
 def test_multi_step_draft_backend_refuses_tree_drafts(cpu_runtime):
-    from parse_sglang.scheduler_patches.torch_native_draft import TorchNativeMultiStepDraftBackend
+    from parse_sglang.cpu.torch_native_draft import TorchNativeMultiStepDraftBackend
 
     with pytest.raises(ValueError, match="speculative_eagle_topk: 4"):
         TorchNativeMultiStepDraftBackend(_stub_runner(), topk=4, speculative_num_steps=3)

@@ -3,9 +3,10 @@
 import pytest
 import torch
 
-from parse_sglang.acceptance import accept_lengths, emitted_tokens, likelihood_scores, pad_ragged, prefix_passes
+from parse_sglang.acceptance import accept_lengths, emitted_tokens
+from parse_sglang.judge import likelihood_scores, prefix_passes
 from parse_sglang.boundaries import delimiter_ends, select_boundaries
-from parse_sglang.config import ParseConfig
+from parse_sglang.settings import ParseConfig
 
 
 # ---- settings ---------------------------------------------------------------------------
@@ -74,6 +75,12 @@ def test_select_boundaries_refuses_empty_draft():
 
 
 # ---- acceptance -------------------------------------------------------------------------
+
+def pad_ragged(rows, fill, dtype) -> torch.Tensor:
+    """Right-pad a list of rows into one [B, max_len] tensor."""
+    width = max(1, max(map(len, rows), default=0))
+    return torch.tensor([list(row) + [fill] * (width - len(row)) for row in rows], dtype=dtype)
+
 
 def _accept(drafts, targets, bounds, scores, threshold, judge):
     """Probe-judged acceptance (judge_mode "probe")."""

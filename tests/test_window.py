@@ -9,7 +9,7 @@ import torch
 
 from parse_sglang.attention.layout import VerifyRequest, build_verify_layout
 from parse_sglang.attention.window import WindowShape, full_mask, window_inputs
-from parse_sglang.host_traffic import HostTraffic
+from support.host_traffic import HostTraffic
 
 
 def test_device_window_equals_reference_layout():
@@ -64,52 +64,58 @@ def test_window_shape_refuses_probes_without_suffix():
 # ----- host cost per round ---------------------------------------------------------------
 
 BATCH, DRAFT, STRIDE, SUFFIX = 8, 32, 8, 23  # the defaults' window: K_max = 4, N_max = 125
+CONTEXTS = (1024, 8192, 32768)
 
 
-def _plan_round(context: int, tokenizer, cpu_runtime) -> HostTraffic:
-    """One round's window planning with its device tensors on `meta`, counted."""
-    from parse_sglang.config import ParseConfig
-    from parse_sglang.window_plan import RequestPolicy, plan_window
+def test_round_metadata_cost_does_not_grow_with_context(tmp_path, cpu_runtime):
+    """One round's window planning with its device tensors on `meta`, counted: host bytes,
+    host-to-device bytes and device bytes per round are the same at contexts 1k, 8k and 32k
+    (O(batch x window); the FULL mask is written into a buffer reserved once). The same count
+    on the host-built reference layout grows with the context, so the count can tell."""
+    from parse_sglang.settings import ParseConfig
+    from parse_sglang.window_plan import RequestPolicy
+    from support.offline_round import OfflineRound
+    from support.tiny_models import build_tokenizer
 
+    tokenizer = build_tokenizer(tmp_path)
     torch.manual_seed(0)
     drafts_host = torch.randint(0, len(tokenizer), (BATCH, DRAFT))
     policy = RequestPolicy(ParseConfig(draft_budget=DRAFT, probe_stride=STRIDE), DRAFT, True, False, frozenset())
-    device_inputs = dict(
-        drafts=drafts_host.to("meta"),
-        last_tokens=torch.zeros(BATCH, dtype=torch.int64, device="meta"),
-        prefix_lens=torch.full((BATCH,), context, dtype=torch.int64, device="meta"),
-        suffix_ids=torch.zeros(SUFFIX, dtype=torch.int64, device="meta"),
-    )
-    with HostTraffic() as traffic:
-        window = plan_window(
-            **device_inputs,
-            drafts_host=drafts_host,
-            prefix_sum=BATCH * context,
-            policies=[policy] * BATCH,
-            tokenizer=tokenizer,
-            fixed_probes=DRAFT // STRIDE,
-            full_mask_form=True,
-        )
-    assert window.shape.rows == 1 + DRAFT + 4 * SUFFIX
-    return traffic
-
-
-def test_round_metadata_host_cost_does_not_grow_with_context(tmp_path, cpu_runtime):
-    """Host bytes and host-to-device bytes per round are the same at contexts 1k, 8k and 32k
-    (O(batch x window)); only the device's FULL mask grows. The same count on the host-built
-    reference layout grows with the context, so the count can tell."""
-    from parse_sglang.tiny_models import build_tokenizer
-
-    tokenizer = build_tokenizer(tmp_path)
-    rounds = [_plan_round(context, tokenizer, cpu_runtime) for context in (1024, 8192, 32768)]
-    assert len({r.host_bytes for r in rounds}) == 1 and len({r.to_device_bytes for r in rounds}) == 1
+    rows = 1 + DRAFT + 4 * SUFFIX
+    planner = OfflineRound(tokenizer, policy, BATCH, SUFFIX, rows, max(CONTEXTS), "meta")
+    planner.plan(drafts_host, CONTEXTS[0], fixed_probes=DRAFT // STRIDE)  # per-shape constants, made once
+    rounds = []
+    for context in CONTEXTS:
+        with HostTraffic() as traffic:
+            window = planner.plan(drafts_host, context, fixed_probes=DRAFT // STRIDE)
+        assert window.shape.rows == rows
+        rounds.append(traffic)
+    for name in ("host_bytes", "to_device_bytes", "device_bytes"):
+        assert len({getattr(r, name) for r in rounds}) == 1, name
     assert rounds[0].host_bytes < BATCH * 2000 * 8  # a few hundred numbers per request
-    assert rounds[0].device_bytes < rounds[1].device_bytes < rounds[2].device_bytes
+    assert rounds[0].to_device_bytes < BATCH * 200 * 4  # the one packed plan
 
     host_built = []
     for context in (1024, 8192):
         with HostTraffic() as traffic:
             build_verify_layout([VerifyRequest(context, 0, list(range(DRAFT)), [8, 16, 24, 32], [0] * SUFFIX)])
         host_built.append(traffic.host_bytes)
-    window_rows = 1 + DRAFT + 4 * SUFFIX
-    assert host_built[1] - host_built[0] >= window_rows * (8192 - 1024)  # at least the FULL mask's growth
+    assert host_built[1] - host_built[0] >= rows * (8192 - 1024)  # at least the FULL mask's growth
+
+
+def test_full_mask_buffer_equals_a_fresh_full_mask_round_after_round():
+    """Rounds of different committed lengths written into one buffer give the FULL mask
+    `full_mask` builds afresh, and leave True past it (what a padded graph batch reads)."""
+    from parse_sglang.attention.window import FullMaskBuffer
+
+    shape, rng = WindowShape(draft_len=4, num_probes=2, suffix_len=2), random.Random(1)
+    buffer = FullMaskBuffer(shape.rows * (3 * 40 + 3 * shape.rows), "cpu")
+    for _ in range(6):
+        bs = rng.randint(1, 3)
+        prefix = torch.tensor([rng.randint(0, 40) for _ in range(bs)])
+        chain = torch.randint(0, 50, (bs, 5))
+        bounds = torch.tensor([sorted(rng.sample(range(1, 5), 2)) for _ in range(bs)])
+        _, _, mask = window_inputs(shape, prefix, chain, bounds, torch.tensor([7, 8]))
+        written = buffer.write(mask, shape.rows, prefix, int(prefix.sum()))
+        assert torch.equal(written, full_mask(mask, shape.rows, prefix, int(prefix.sum())))
+        assert bool(buffer.buffer[written.numel():].all())

@@ -82,7 +82,7 @@ def row_roles(row: Tensor, draft_len, suffix_len) -> tuple[Tensor, Tensor, Tenso
     or tensors broadcastable with `row`; a suffix length of 0 (no probes) is allowed."""
     is_chain = row <= draft_len
     offset = row - draft_len - 1
-    m = torch.clamp(torch.as_tensor(suffix_len, device=row.device), min=1)
+    m = max(suffix_len, 1) if isinstance(suffix_len, int) else suffix_len.clamp(min=1)
     k = torch.div(offset, m, rounding_mode="floor")
     return is_chain, k, offset - k * m
 

@@ -101,17 +101,56 @@ def window_inputs(
     return input_ids.reshape(-1), positions.reshape(-1), mask.reshape(-1)
 
 
-def full_mask(mask_qlen_only: Tensor, rows: int, prefix_lens: Tensor, prefix_sum: int) -> Tensor:
-    """QLEN_ONLY [bs*N*N] -> FULL (per request N x (P + N), row-major, concatenated): every
-    row sees the P committed columns, then its QLEN_ONLY row. `prefix_sum` (= sum of
-    prefix_lens, known on the host) sizes the result, so there is no device sync."""
-    device = mask_qlen_only.device
+def _full_mask_positions(rows: int, prefix_lens: Tensor) -> Tensor:
+    """[bs*N*N] where each QLEN_ONLY element lands in the FULL form (per request N x (P + N),
+    row-major, concatenated): after the P committed columns of its row."""
+    device = prefix_lens.device
     N = rows
     P = prefix_lens.to(torch.int64)
     bs = P.numel()
     starts = N * (torch.cumsum(P, 0) - P) + torch.arange(bs, device=device) * N * N
     r = torch.arange(N, device=device)
-    dest = starts[:, None, None] + r[None, :, None] * (P[:, None, None] + N) + P[:, None, None] + r[None, None, :]
-    out = torch.ones(N * prefix_sum + bs * N * N, dtype=torch.bool, device=device)
-    out[dest.reshape(-1)] = mask_qlen_only.reshape(-1).to(torch.bool)
+    return (starts[:, None, None] + r[None, :, None] * (P[:, None, None] + N) + P[:, None, None] + r[None, None, :]).reshape(-1)
+
+
+def full_mask(mask_qlen_only: Tensor, rows: int, prefix_lens: Tensor, prefix_sum: int) -> Tensor:
+    """QLEN_ONLY [bs*N*N] -> FULL (per request N x (P + N), row-major, concatenated): every
+    row sees the P committed columns, then its QLEN_ONLY row. `prefix_sum` (= sum of
+    prefix_lens, known on the host) sizes the result, so there is no device sync."""
+    bs = prefix_lens.numel()
+    out = torch.ones(rows * prefix_sum + bs * rows * rows, dtype=torch.bool, device=mask_qlen_only.device)
+    out[_full_mask_positions(rows, prefix_lens)] = mask_qlen_only.reshape(-1).to(torch.bool)
     return out
+
+
+class FullMaskBuffer:
+    """The FULL form of every round's mask, written in place into one buffer reserved at
+    startup instead of allocated per round.
+
+    The buffer is all True but for the current round's window blocks: a round writes its
+    bs*N*N QLEN_ONLY elements where they land (`_full_mask_positions`) after setting the
+    previous round's back to True, so its cost does not grow with the context, and whatever
+    follows the round's FULL mask (a CUDA-graph replay's padded requests) reads True, as
+    SGLang pads EAGLE's mask. `capacity` bounds N * sum(P) + bs * N * N over every round: N_max
+    x (the KV pool's tokens + max_bs x N_max), since the committed tokens of a batch all live in
+    the pool.
+    """
+
+    def __init__(self, capacity: int, device):
+        self.buffer = torch.ones(capacity, dtype=torch.bool, device=device)
+        self._written: Tensor | None = None  # positions of the last round's window blocks
+
+    def write(self, mask_qlen_only: Tensor, rows: int, prefix_lens: Tensor, prefix_sum: int) -> Tensor:
+        """The FULL mask of this round's window (a view of the buffer)."""
+        size = rows * prefix_sum + prefix_lens.numel() * rows * rows
+        if size > self.buffer.numel():
+            raise RuntimeError(
+                f"PARSE FULL mask of {size} elements exceeds its buffer of {self.buffer.numel()} "
+                "(sized from the KV pool at startup)"
+            )
+        positions = _full_mask_positions(rows, prefix_lens)
+        if self._written is not None:
+            self.buffer[self._written] = True
+        self.buffer[positions] = mask_qlen_only.reshape(-1).to(torch.bool)
+        self._written = positions
+        return self.buffer[:size]

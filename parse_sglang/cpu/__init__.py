@@ -9,6 +9,10 @@ it is called (or `python -m parse_sglang.launch_server` calls it), and it does n
 where CUDA is available. Call it before importing SGLang's runtime modules, which read
 the CPU flag once at import.
 
+The runtime also patches SGLang where its GPU path needs what only a GPU has (`PATCHES`,
+each a module of this package saying what it changes): the plugin installs them in every
+SGLang process where the runtime is on (`patches()`), and nowhere else.
+
 Opt-in, for tests: `enable_flashinfer_standin()` adds a torch stand-in of `flashinfer`, so
 that an engine started with `attention_backend="flashinfer"` runs SGLang's real FlashInfer
 backend on CPU (see `enable_flashinfer_standin`); `disable_flashinfer_standin()` takes it off.
@@ -35,7 +39,7 @@ STANDIN_DIRS = {
 }
 CPU_ENGINE_ENV = "SGLANG_USE_CPU_ENGINE"
 # Set (to "1") in the environment an engine's processes start with: SGLang's GPU graph
-# runners run on CPU with the eager-replay stand-in (scheduler_patches/cpu_graphs.py).
+# runners run on CPU with the eager-replay stand-in (cpu/cpu_graphs.py).
 # For tests of the GPU graph path; an engine also needs decode graphs left on.
 CPU_GRAPHS_ENV = "PARSE_CPU_GRAPHS"
 # Opt-in only, never installed by enable(): see enable_flashinfer_standin.
@@ -44,6 +48,14 @@ FLASHINFER_STANDIN_DIR = str(_HERE / "standin_flashinfer")
 # it asserts the flashinfer_python distribution >= 0.7.2, which the stand-in is not.
 SKIP_KERNEL_VERSION_CHECK_ENV = "SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK"
 _env_before_standin: dict[str, str | None] = {}
+
+# The runtime's patches of SGLang (HOOKED_SIGNATURES + install(), as the plugin's own).
+PATCHES = [
+    "parse_sglang.cpu.torch_native_verify",  # verify and draft-extend modes for the torch_native backend
+    "parse_sglang.cpu.torch_native_draft",  # its multi-step draft backend
+    "parse_sglang.cpu.cpu_graphs",  # SGLang's graph runners on CPU: inert unless CPU_GRAPHS_ENV asks
+]
+FLASHINFER_PATCH = "parse_sglang.cpu.flashinfer_on_cpu"  # where the FlashInfer stand-in is imported
 
 
 @dataclasses.dataclass(frozen=True)
@@ -140,6 +152,19 @@ def enable() -> CpuRuntimeStatus:
 CPU_ENGINE_SETTINGS = dict(device="cpu", attention_backend="torch_native", disable_cuda_graph=True, dtype="float32")
 
 
+def runtime_active() -> bool:
+    """Whether this process runs SGLang on the CPU runtime: SGLANG_USE_CPU_ENGINE=1 (which
+    `enable()` sets for its processes) and no CUDA device."""
+    return os.environ.get(CPU_ENGINE_ENV) == "1" and not _cuda_available()
+
+
+def patches() -> list[str]:
+    """The runtime's patch modules this process needs (none where the runtime is off)."""
+    if not runtime_active():
+        return []
+    return PATCHES + ([FLASHINFER_PATCH] if flashinfer_standin_active() else [])
+
+
 def graphs_requested() -> bool:
     """Whether this process runs SGLang's graph runners with the eager-replay stand-in."""
     return os.environ.get(CPU_GRAPHS_ENV) == "1" and not _cuda_available()
@@ -154,7 +179,7 @@ def engine_settings() -> dict:
 def flashinfer_standin_active() -> bool:
     """True when `import flashinfer` in this process loads the stand-in (it is on the import
     path, or already imported). `parse_sglang.plugin` installs the FlashInfer-on-CPU patch of
-    SGLang (scheduler_patches/flashinfer_on_cpu.py) in exactly those processes."""
+    SGLang (cpu/flashinfer_on_cpu.py) in exactly those processes."""
     spec = importlib.util.find_spec("flashinfer")
     return spec is not None and (spec.origin or "").startswith(FLASHINFER_STANDIN_DIR)
 
@@ -168,7 +193,7 @@ def enable_flashinfer_standin() -> CpuRuntimeStatus:
     Opt-in, for tests: an `sglang.Engine` started with `attention_backend="flashinfer"` then
     runs SGLang's own FlashInfer backend (its plan / run calls, index updaters, verify and
     draft metadata) with torch kernels (parse_sglang.cpu.flashinfer_ops, triton_ops), and the
-    plugin installs scheduler_patches/flashinfer_on_cpu.py in its processes. Engines with
+    plugin installs cpu/flashinfer_on_cpu.py in its processes. Engines with
     other attention backends are unaffected. Inactive (changes nothing) where CUDA is
     available: a GPU machine runs the real FlashInfer. Idempotent.
     """
@@ -203,7 +228,7 @@ def disable_flashinfer_standin() -> None:
         else:
             os.environ[name] = value
     _env_before_standin.clear()
-    patch = sys.modules.get("parse_sglang.scheduler_patches.flashinfer_on_cpu")
+    patch = sys.modules.get(FLASHINFER_PATCH)
     if patch is not None:
         patch.uninstall()
     for name in [m for m in sys.modules if m == "flashinfer" or m.startswith("flashinfer.")]:

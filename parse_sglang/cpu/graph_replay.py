@@ -10,20 +10,108 @@ filling, attention metadata planned outside the graph for the padded batch, the 
 spec input (and so its baked-in logits rows), output slicing.
 
 Like a real graph, a replay returns the SAME output tensors every time (filled in place),
-so code that keeps a graph output past the next replay sees it change, as on a GPU. What a
-graph would freeze but this re-executes is host-side Python inside the captured function
-(a `.item()` or a branch on a host value): such code is wrong under graphs and is caught
-only on a GPU.
+so code that keeps a graph output past the next replay sees it change, as on a GPU.
+
+Like a real graph, a replay may read only memory that outlives the capture. A CUDA graph
+records addresses; a tensor that the captured forward read but that nothing keeps alive
+after the capture (a capture-input helper's result, dropped with the capture's ForwardBatch)
+is freed memory at every replay. The stand-in records every tensor the captured forward
+reads that it did not create itself, and at the first replay keeps those the runner does not
+own (reachable from the runner object, not through a captured function); a replay that reads
+one of them fails, naming it (`FreedMemoryRead`). The eager re-run would otherwise read the
+Python object the closure still holds, and never see it.
+
+What a graph would freeze but this re-executes is host-side Python inside the captured
+function (a `.item()` or a branch on a host value): such code is wrong under graphs and is
+caught only on a GPU.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import types
 from typing import Any, Callable, Optional
 
 import torch
 from sglang.srt.model_executor.runner_backend.base_cuda_graph_backend import BaseCudaGraphBackend
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+
+class FreedMemoryRead(RuntimeError):
+    """A graph replay read a tensor that only the capture kept alive."""
+
+
+def _storage(tensor: torch.Tensor) -> Optional[int]:
+    if tensor.device.type == "meta" or tensor.untyped_storage().nbytes() == 0:
+        return None
+    return tensor.untyped_storage().data_ptr()
+
+
+class _CaptureReads(TorchDispatchMode):
+    """Tensors an op reads whose storage it did not make during this capture: {storage: tensor}."""
+
+    def __init__(self):
+        super().__init__()
+        self.external: dict[int, torch.Tensor] = {}
+        self._made: set[int] = set()
+
+    def __torch_dispatch__(self, func, types_, args=(), kwargs=None):
+        for t in tree_leaves((args, kwargs)):
+            if isinstance(t, torch.Tensor) and (key := _storage(t)) is not None and key not in self._made:
+                self.external.setdefault(key, t)
+        out = func(*args, **(kwargs or {}))
+        for t in tree_leaves(out):
+            if isinstance(t, torch.Tensor) and (key := _storage(t)) is not None and key not in self.external:
+                self._made.add(key)
+        return out
+
+
+class _FreedGuard(TorchDispatchMode):
+    """Fails an op that reads one of `freed` ({storage: tensor read at capture})."""
+
+    def __init__(self, freed: dict[int, torch.Tensor]):
+        super().__init__()
+        self.freed = freed
+
+    def __torch_dispatch__(self, func, types_, args=(), kwargs=None):
+        for t in tree_leaves((args, kwargs)):
+            if isinstance(t, torch.Tensor) and (key := _storage(t)) in self.freed:
+                kept = self.freed[key]
+                raise FreedMemoryRead(
+                    f"graph replay: {func} reads a {tuple(kept.shape)} {kept.dtype} tensor that the captured "
+                    "forward read but nothing keeps alive after the capture (freed memory on a GPU): keep it "
+                    "in the graph runner's buffers or a per-shape cache that lives for the process"
+                )
+        return func(*args, **(kwargs or {}))
+
+
+_NOT_OWNING = (types.ModuleType, type, types.FunctionType, types.MethodType, types.BuiltinFunctionType)
+
+
+def owned_storages(root: Any, skip: Any) -> set[int]:
+    """Storages of every tensor reachable from `root` through containers and object
+    attributes, not through functions, methods, classes or modules (a captured function's
+    closure owns nothing once a real graph has replaced it), nor through `skip`."""
+    seen: set[int] = {id(skip)}
+    owned: set[int] = set()
+    stack = [root]
+    while stack:
+        obj = stack.pop()
+        if id(obj) in seen or isinstance(obj, _NOT_OWNING):
+            continue
+        seen.add(id(obj))
+        if isinstance(obj, torch.Tensor):
+            if (key := _storage(obj)) is not None:
+                owned.add(key)
+        elif isinstance(obj, dict):
+            stack.extend(obj.values())
+        elif isinstance(obj, (list, tuple, set, frozenset)):
+            stack.extend(obj)
+        elif hasattr(obj, "__dict__"):
+            stack.extend(vars(obj).values())
+    return owned
 
 
 def _copy_into(static: Any, fresh: Any) -> None:
@@ -50,11 +138,15 @@ def install_device_api() -> None:
 
 
 class EagerReplayBackend(BaseCudaGraphBackend):
-    """`capture_one` warms the function up and keeps it with its output; `replay` reruns it."""
+    """`capture_one` warms the function up and keeps it with its output; `replay` reruns it,
+    failing on a read of memory a real graph would find freed (module docstring)."""
 
     def __init__(self, cuda_graph_runner=None, **_):
+        self._runner = cuda_graph_runner
         self._functions: dict[Any, Callable[[], Any]] = {}
         self._outputs: dict[Any, Any] = {}
+        self._capture_reads: dict[int, torch.Tensor] = {}
+        self._freed: Optional[dict[int, torch.Tensor]] = None  # found at the first replay
 
     @contextlib.contextmanager
     def capture_session(self, stream):
@@ -70,7 +162,9 @@ class EagerReplayBackend(BaseCudaGraphBackend):
         forward_fn()  # warm-up, as SGLang's backends run before capturing
         if post_warmup_hook is not None:
             post_warmup_hook()
-        self._outputs[shape_key] = forward_fn()
+        with _CaptureReads() as reads:
+            self._outputs[shape_key] = forward_fn()
+        self._capture_reads.update(reads.external)
         self._functions[shape_key] = forward_fn
 
     def can_run(self, forward_batch, shape_key) -> bool:
@@ -81,10 +175,17 @@ class EagerReplayBackend(BaseCudaGraphBackend):
         yield
 
     def replay(self, shape_key, static_forward_batch, **kwargs) -> Any:
+        if self._freed is None:  # the runner's and the graphs' own outputs outlive the capture
+            owned = owned_storages(self._runner, skip=self) | owned_storages(self._outputs, skip=None)
+            self._freed = {key: t for key, t in self._capture_reads.items() if key not in owned}
         output = self._outputs[shape_key]
-        _copy_into(output, self._functions[shape_key]())
+        with _FreedGuard(self._freed):
+            fresh = self._functions[shape_key]()
+        _copy_into(output, fresh)
         return output
 
     def cleanup(self) -> None:
         self._functions.clear()
         self._outputs.clear()
+        self._capture_reads.clear()
+        self._freed = None

@@ -1,7 +1,7 @@
 """Torch versions of the in-tree SGLang Triton kernels that its FlashInfer backend launches.
 
 Triton cannot launch on a CPU, so a CPU run of `flashinfer_backend.py` needs these (bound by
-`parse_sglang.scheduler_patches.flashinfer_on_cpu`, only when the FlashInfer stand-in is on):
+`parse_sglang.cpu.flashinfer_on_cpu`, only when the FlashInfer stand-in is on):
 
 - `create_flashinfer_kv_indices_triton` (sglang.kernels.ops.attention.kv_indices): each
   request's KV slots as one CSR stream, launched through `KVIndexTranslator.pack_read_stream`

@@ -46,7 +46,7 @@ def add_parse_flag(result, parser: argparse.ArgumentParser):
             type=str,
             default=None,
             help="PARSE settings as a JSON object, e.g. '{\"threshold\": 0.7, \"probe_stride\": 8}' "
-            "(keys: parse_sglang.config.ParseConfig). L is --speculative-num-steps.",
+            "(keys: parse_sglang.settings.ParseConfig). L is --speculative-num-steps.",
         )
     return result
 

@@ -1,11 +1,13 @@
-"""PARSE's verify pass under SGLang's decode CUDA graph (the target's TARGET_VERIFY graph).
+"""PARSE's verify pass under SGLang's decode CUDA graphs (the target's TARGET_VERIFY graphs).
 
 What it changes (each only for a PARSE target runner; other algorithms are untouched):
 - AROUND `DecodeCudaGraphRunner.get_spec_info` and AROUND `create_dummy_verify_input` as
   bound in `model_executor/runner/base_runner.py` (warm-up / FlashInfer autotune dummy
   forwards): both return None for plug-in algorithms; PARSE's answer is
-  `ParseVerifyInput.for_capture` of the fixed window (K_max probes, N_max rows), whose
-  request-major logits rows the graph bakes in.
+  `ParseVerifyInput.for_capture` of the window shape being captured, whose request-major
+  logits rows the graph bakes in. Those rows come from the model runner's `ShapeConstants`,
+  so they live as long as the graph (a tensor made for the capture and dropped after it
+  would be freed memory at every replay).
 - AFTER `ModelRunner.max_decode_logits_rows` and
   `DecodeCudaGraphRunner._next_token_logits_buffer_capacity_rows`: SGLang sizes the graphs'
   shared logits buffer for every verify row (max_bs * N_max rows x vocab, fp32: GBs at a
@@ -16,14 +18,27 @@ Why: SGLang captures TARGET_VERIFY at `get_num_tokens_per_req_for_target_verify`
 request (PARSE answers N_max, spec_algo.py) but has no PARSE input to capture with; the
 window itself has a fixed shape in "auto" mode whenever the graph is captured
 (worker._fixed_window), so the captured logits rows are the ones every replay reads.
+
+`VerifyGraphs` adds, for a server whose window has probe rows, a second runner captured at
+the chain-only width L + 1 (a batch in which no request probes verifies only its chain rows),
+built the way SGLang's adaptive-steps runtime states build theirs (a runner with its own
+attention backend), and swaps `ModelRunner.decode_cuda_graph_runner` for the round's shape.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import logging
+from typing import Optional
+
 from sglang.srt.plugins.hook_registry import HookType
 
-from parse_sglang.config import ALGORITHM
+from parse_sglang.attention.window import WindowShape
 from parse_sglang.scheduler_patches import register_hooks_once
+from parse_sglang.settings import ALGORITHM, ParseConfig
+
+logger = logging.getLogger(__name__)
 
 RUNNER = "sglang.srt.model_executor.runner.decode_cuda_graph_runner.DecodeCudaGraphRunner"
 SPEC_INFO_TARGET = f"{RUNNER}.get_spec_info"
@@ -39,13 +54,28 @@ HOOKED_SIGNATURES = {
     ),
     LOGITS_ROWS_TARGET: "(self) -> 'int'",
     CAPACITY_TARGET: "(self, max_num_tokens: 'int') -> 'int'",
+    RUNNER + ".__init__": (
+        "(self, model_runner: 'ModelRunner', *, attn_backend=None, speculative_num_steps: 'Optional[int]' = None, "
+        "speculative_num_draft_tokens: 'Optional[int]' = None, record_nolora_graph: 'bool' = False)"
+    ),
 }
 
+# The window shape a runner is being built for (`VerifyGraphs.capture`); unset: the server's
+# fixed window, which SGLang's own runner captures.
+_capturing: contextvars.ContextVar[Optional[WindowShape]] = contextvars.ContextVar("parse_capturing", default=None)
 
-def _parse_window(spec_algorithm, is_draft_worker: bool):
-    """The fixed PARSE window shape of this process's server, or None (not a PARSE target)."""
+
+def capturing_window() -> Optional[WindowShape]:
+    return _capturing.get()
+
+
+def _parse_window(spec_algorithm, is_draft_worker: bool) -> Optional[WindowShape]:
+    """The window shape a PARSE target runner captures, or None (not a PARSE target)."""
     if is_draft_worker or not spec_algorithm.is_speculative() or spec_algorithm.name != ALGORITHM:
         return None
+    shape = _capturing.get()
+    if shape is not None:
+        return shape
     from sglang.srt.runtime_context import get_model, get_server_args, get_serving, get_spec
 
     from parse_sglang.settings import fixed_window_shape, judge_probe_for, server_parse_config
@@ -58,13 +88,15 @@ def _parse_window(spec_algorithm, is_draft_worker: bool):
 
 
 def capture_spec_info(original, runner, num_tokens: int):
-    """AROUND get_spec_info: PARSE's capture input for num_tokens // N_max requests."""
-    shape = _parse_window(runner.model_runner.spec_algorithm, runner.model_runner.is_draft_worker)
+    """AROUND get_spec_info: PARSE's capture input for num_tokens // N requests."""
+    model_runner = runner.model_runner
+    shape = _parse_window(model_runner.spec_algorithm, model_runner.is_draft_worker)
     if shape is None:
         return original(runner, num_tokens)
-    from parse_sglang.verify_input import ParseVerifyInput
+    from parse_sglang.verify_input import ParseVerifyInput, shape_constants
 
-    return ParseVerifyInput.for_capture(shape, num_tokens // shape.rows, runner.buffers.custom_mask)
+    rows = shape_constants(model_runner).logits_rows(num_tokens // shape.rows, shape)
+    return ParseVerifyInput.for_capture(shape, rows, runner.buffers.custom_mask)
 
 
 def dummy_verify_input(original, spec_algorithm, custom_mask, num_tokens_per_req: int, is_draft_worker: bool):
@@ -75,11 +107,11 @@ def dummy_verify_input(original, spec_algorithm, custom_mask, num_tokens_per_req
         return original(spec_algorithm, custom_mask, num_tokens_per_req, is_draft_worker)
     from parse_sglang.verify_input import ParseVerifyInput
 
-    return ParseVerifyInput.for_capture(shape, 1, custom_mask)
+    return ParseVerifyInput.for_capture(shape, shape.logits_rows(1, custom_mask.device), custom_mask)
 
 
 def read_rows_only(rows: int, model_runner) -> int:
-    """AFTER max_decode_logits_rows: max_bs * N_max verify rows -> max_bs * (L + 1 + K_max)."""
+    """AFTER max_decode_logits_rows: max_bs * N verify rows -> max_bs * (L + 1 + K)."""
     shape = _parse_window(model_runner.spec_algorithm, model_runner.is_draft_worker)
     if shape is None:
         return rows
@@ -89,6 +121,56 @@ def read_rows_only(rows: int, model_runner) -> int:
 def read_rows_capacity(rows: int, runner, max_num_tokens: int) -> int:
     """AFTER _next_token_logits_buffer_capacity_rows: the same cut for the runner's buffer."""
     return read_rows_only(rows, runner.model_runner)
+
+
+class VerifyGraphs:
+    """The target's verify graph runners by window shape: SGLang's own (captured at the
+    server's fixed window) and, for a server whose window has probe rows, the chain-only
+    width; `replaying(shape)` makes the runner of a round's shape the one the target's
+    forward replays (None: that shape runs eagerly)."""
+
+    def __init__(self, model_runner):
+        self.model_runner = model_runner
+        self.runners: dict[WindowShape, object] = {}
+
+    @property
+    def captured(self) -> bool:
+        return bool(self.runners)
+
+    def capture(self, config: ParseConfig) -> None:
+        """After SGLang captured the target's graphs: its runner, then the chain-only runner
+        (width L + 1) where SGLang's has probe rows."""
+        default = self.model_runner.decode_cuda_graph_runner
+        if default is None:
+            return
+        self.runners[_parse_window(self.model_runner.spec_algorithm, False)] = default
+        chain = WindowShape(config.draft_budget, 0, 0)
+        if chain in self.runners:
+            return
+        from sglang.srt.model_executor.runner.decode_cuda_graph_runner import DecodeCudaGraphRunner
+
+        runner = self.model_runner
+        token = _capturing.set(chain)
+        workspace = runner.init_new_workspace
+        try:
+            backend = runner._get_attention_backend(init_new_workspace=True)
+            self.runners[chain] = DecodeCudaGraphRunner(
+                runner, attn_backend=backend, speculative_num_draft_tokens=chain.rows
+            )
+        finally:
+            runner.init_new_workspace = workspace
+            _capturing.reset(token)
+        logger.info("PARSE verify graph captured at the chain-only width %d as well", chain.rows)
+
+    @contextlib.contextmanager
+    def replaying(self, shape: WindowShape):
+        runner = self.model_runner
+        before = runner.decode_cuda_graph_runner
+        runner.decode_cuda_graph_runner = self.runners.get(shape)
+        try:
+            yield
+        finally:
+            runner.decode_cuda_graph_runner = before
 
 
 def install() -> str:

@@ -1,7 +1,7 @@
 """A trained synthetic target/draft pair ("model organism") that makes PARSE measurable offline.
 
-    python -m parse_sglang.synthetic build [--json] [--cache-dir DIR]
-    python -m parse_sglang.synthetic judge [--num-problems N] [--json]   # the judge's ROC AUC
+    python -m support.synthetic build [--json] [--cache-dir DIR]
+    python -m support.synthetic judge [--num-problems N] [--json]   # the judge's ROC AUC
 
 WHAT IT IS: a synthetic stand-in, NOT evidence about large models. Two tiny Llama models are
 trained on CPU in a few minutes on multi-step arithmetic word problems ("Mia has 7 apples. She
@@ -36,7 +36,7 @@ complete; training takes about 6 minutes on 2 CPU cores. Nothing is downloaded.
 
 MEASURED (60 held-out problems, tests/test_synthetic.py): target answer accuracy 0.98, draft
 0.85; step accuracy target 0.99, draft 0.94; the draft's next-token agreement with the target
-0.53. The probe judge is NOT competent: `python -m parse_sglang.synthetic judge` (100 held-out
+0.53. The probe judge is NOT competent: `python -m support.synthetic judge` (100 held-out
 solutions per row, half with one false statement, 391 prefixes) gives ROC AUC 0.63 on the
 training mix. It catches a wrong final answer (0.93: a copy of the last total, right before the
 cut) but not a wrong step (0.64-0.68 for wrong results, amounts, totals, operations; 0.42-0.53,
@@ -329,7 +329,7 @@ def build_tokenizer(seed: int = 0):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
-    from parse_sglang.tiny_models import CHAT_TEMPLATES
+    from support.tiny_models import CHAT_TEMPLATES
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -918,7 +918,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     import json
     import sys
 
-    parser = argparse.ArgumentParser(prog="python -m parse_sglang.synthetic",
+    parser = argparse.ArgumentParser(prog="python -m support.synthetic",
                                      description="Build (or find in the cache) the synthetic target/draft pair.")
     sub = parser.add_subparsers(dest="command", required=True)
     cmd = sub.add_parser("build", help="train the pair once into the cache; print the target and draft directories")

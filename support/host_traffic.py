@@ -1,7 +1,7 @@
 """Counting what a piece of tensor code builds on the host and sends to the device.
 
-`HostTraffic` is a torch dispatch mode: while active, every op's outputs are tallied by
-where they live. Run the code with its device tensors on the `meta` device and the tallies
+`HostTraffic` is a torch dispatch mode: while active, every op's new outputs (not views of
+its inputs, not its in-place results: those allocate nothing) are tallied by where they live. Run the code with its device tensors on the `meta` device and the tallies
 say, without a GPU, how many bytes the code creates on the host (`host_bytes`: tensors made
 from Python data, host-side ops), copies from the host to the device (`to_device_bytes`),
 and allocates on the device (`device_bytes`). Used to check that a PARSE round's verify
@@ -26,6 +26,8 @@ class HostTraffic(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
+        if any(ret.alias_info is not None for ret in func._schema.returns):
+            return out  # a view or an in-place result
         inputs = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
         for tensor in (t for t in tree_leaves(out) if isinstance(t, torch.Tensor)):
             size = tensor.numel() * tensor.element_size()

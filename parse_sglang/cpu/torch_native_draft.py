@@ -22,7 +22,7 @@ from sglang.srt.plugins.hook_registry import HookType
 
 from parse_sglang.scheduler_patches import register_hooks_once
 
-from parse_sglang.scheduler_patches.torch_native_verify import (
+from parse_sglang.cpu.torch_native_verify import (
     BACKEND_NAME,
     PagedMetadata,
     TorchNativeSpecAttnBackend,

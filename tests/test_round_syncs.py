@@ -1,0 +1,82 @@
+"""DESIGN.md §9's budget for a round, counted in a real SGLang engine on CPU: per round at
+most one device-to-host read before the verify (the drafts), one host-to-device copy (the
+packed plan) and one device-to-host read after acceptance (the packed result).
+
+`support/round_probe/sitecustomize.py` runs in the engine's scheduler and counts every other
+round with `support.sync_counter.SyncCounter` (which tells device tensors from host tensors on
+a CPU by how they were made). The counter itself is checked on code that syncs the way the
+round used to (`.any()` branches, `torch.tensor(list, device=...)`, `.tolist()` of device
+tensors): it counts each one, so the budget test can fail.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+
+from conftest import BATCH_PROMPTS
+from parse_sglang.demo import parse_engine_kwargs
+from parse_sglang.settings import ParseConfig
+from support.sync_counter import SyncCounter
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+JUDGED = ParseConfig(draft_budget=6, probe_stride=2, threshold=0.3)
+MAX_NEW = 20
+
+
+def test_counter_counts_what_would_sync_on_a_gpu():
+    """Negative control: each of these would block the host on a GPU, and is counted once;
+    device-only work, host-only work and factories on the device are not."""
+    device = torch.device("cpu")
+    drafts = torch.arange(12, device=device).view(3, 4)  # a device tensor
+    with SyncCounter() as counter:
+        lengths = torch.tensor([1, 2, 3], device=device)  # host data -> device: 1
+        if bool((drafts > 10).any()):  # a device read: 1
+            pass
+        rows = drafts.tolist()  # 2
+        host = torch.tensor(rows)[:, :2] * 2  # host work: 0
+        mixed = drafts[:, :2] + host  # a host tensor mixed into device ones: 2
+        kept = drafts[drafts > 4]  # an output sized by device values: 3
+        steps = torch.arange(4, device=device) + lengths[:, None]  # device work: 0
+        total = int(steps.sum())  # 4
+    assert counter.counts("sglang") == {"device_to_host": 4, "host_to_device": 2}, counter.events
+    assert [e.what for e in counter.events if e.direction == "host_to_device"] == [
+        "_VariableFunctionsClass.tensor", "TensorBase.add (a host tensor mixed into device ones)"]  # fmt: skip
+    assert mixed.shape == (3, 2) and kept.numel() == 7 and total > 0
+
+
+@pytest.fixture(scope="module")
+def probe_records(tiny_pair, engine_factory, tmp_path_factory):
+    """Per-round records of a judged PARSE engine serving a mixed batch: the probe judge,
+    the likelihood judge, judge off, probe scores returned."""
+    out = tmp_path_factory.mktemp("probe") / "rounds.json"
+    path = os.pathsep.join(filter(None, [os.path.join(ROOT, "support", "round_probe"), ROOT, os.environ.get("PYTHONPATH")]))
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("PARSE_ROUND_PROBE_OUT", str(out))
+        env.setenv("PYTHONPATH", path)
+        with engine_factory(tiny_pair[0], **parse_engine_kwargs(tiny_pair[1], JUDGED)) as engine:
+            settings = [{}, {"judge_mode": "likelihood", "likelihood_threshold": 0.02}, {"judge": False},
+                        {"return_probe_scores": True, "threshold": 0.1}]  # fmt: skip
+            params = [{"max_new_tokens": MAX_NEW, "temperature": 0.0, "custom_params": {"parse": settings[i % 4]}}
+                      for i in range(len(BATCH_PROMPTS))]  # fmt: skip
+            outs = engine.generate(BATCH_PROMPTS, params)
+            totals = engine.get_server_info()["internal_states"][0]["parse"]
+    assert all(len(o["output_ids"]) == MAX_NEW for o in outs)
+    return json.loads(out.read_text()), totals
+
+
+def test_three_host_device_crossings_per_round(probe_records):
+    """Every counted round: PARSE's own code reads the device once before the verify (in
+    `_plan_window`, the drafts) and once after acceptance (in `_record`, the result), and
+    copies to the device once (in `_plan_window`, the plan); batches of 1 to 11 requests."""
+    records, totals = probe_records
+    counted = [r for r in records if r["kind"] == "count"]
+    assert len(counted) >= 5 and max(r["batch_size"] for r in counted) > 4
+    for r in counted:
+        crossings = sorted((direction, step) for direction, step, *_ in r["parse"])
+        assert crossings == [("device_to_host", "_plan_window"), ("device_to_host", "_record"),
+                             ("host_to_device", "_plan_window")], r["parse"]  # fmt: skip
+    assert totals["accepted_judged"] > 0 and totals["judge_probes"] > 0  # the judge did run
