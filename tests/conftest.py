@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import importlib.util
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -39,6 +42,19 @@ BATCH_PROMPTS = PROMPTS + [
     "Finally, the result value equals three plus four, so the total is",
     "We add the numbers first, then we print the total value. " * 12 + "So",
 ]
+
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+def load_benchmark(name: str, module_name: str | None = None):
+    """benchmarks/<name>.py imported as a module (registered in sys.modules under module_name,
+    default name: dataclasses look their module up while a class is built)."""
+    spec = importlib.util.spec_from_file_location(module_name or name, BENCHMARKS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 def engine_kwargs(model_path, **overrides) -> dict:

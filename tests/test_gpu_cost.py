@@ -5,7 +5,6 @@ On CPU; the two gpu-marked tests repeat the run and the equivalence under CUDA w
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -14,19 +13,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from conftest import load_benchmark
+
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "gpu_cost.py"
-
-
-def _load_script():
-    spec = importlib.util.spec_from_file_location("gpu_cost", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["gpu_cost"] = module  # dataclasses look their module up while the class is built
-    spec.loader.exec_module(module)
-    return module
-
-
-gpu_cost = _load_script()
+gpu_cost = load_benchmark("gpu_cost")
 
 # Query rows per request: N = 1 + 32 + 4*23; re-read judge passes 4*(1+23) + (8+16+24+32).
 TARGET_MEASUREMENTS = {

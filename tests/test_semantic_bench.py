@@ -9,27 +9,19 @@ threshold rises.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 
+from conftest import load_benchmark
 from parse_sglang.settings import ParseConfig
 
 pytestmark = pytest.mark.sglang
 
 NUM_PROBLEMS = 32
-SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "semantic.py"
 
 
 @pytest.fixture(scope="module")
 def semantic():
-    spec = importlib.util.spec_from_file_location("semantic_bench", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("semantic", "semantic_bench")
 
 
 @pytest.fixture(scope="module")
