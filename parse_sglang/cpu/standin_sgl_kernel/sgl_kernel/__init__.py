@@ -4,6 +4,9 @@ Put on the import path by `parse_sglang.cpu.enable()` only when CUDA is absent a
 working `sgl_kernel` is installed, so a real one (GPU machines, CPU builds) is never
 shadowed. Names not provided here stay missing (ImportError / AttributeError), so
 SGLang's own feature probes see an absent kernel.
+
+Like the real package it registers its torch op on import: `torch.ops.sgl_kernel.murmur_hash32_cpu`,
+which SGLang's `murmur_hash32` calls on CPU tensors (seeded sampling and verify coins).
 """
 
 from parse_sglang.cpu.cache_ops import (
@@ -12,6 +15,7 @@ from parse_sglang.cpu.cache_ops import (
     assign_req_to_token_pool_cpu,
     copy_all_layer_kv_cache_cpu,
 )
+from parse_sglang.cpu.sampling_ops import register_murmur_hash32_op
 from parse_sglang.cpu.spec_ops import (
     fill_accept_out_cache_loc_cpu,
     fill_bonus_tokens_cpu,
@@ -20,6 +24,8 @@ from parse_sglang.cpu.spec_ops import (
 from parse_sglang.cpu.tree_ops import build_tree_kernel_efficient_cpu, verify_tree_greedy_cpu
 
 from . import speculative
+
+register_murmur_hash32_op()
 
 __version__ = "0.0.0+parse.standin"
 PARSE_STANDIN = True

@@ -1,0 +1,102 @@
+"""Sampled speculative verification on CPU: EAGLE-style `eagle_sample` takes its sampling path.
+
+What it changes, in a process running SGLang's CPU engine under parse_sglang's CPU runtime
+(SGLANG_USE_CPU_ENGINE=1, no CUDA; `parse_sglang.cpu.enable()` sets it for every SGLang
+process):
+- the module globals `tree_speculative_sampling_target_only`, `chain_speculative_sampling_triton`,
+  `top_k_renorm_prob` and `top_p_renorm_prob` of `sglang.srt.speculative.eagle_utils` become
+  the torch versions in `parse_sglang.cpu.sampling_ops` (direct assignment);
+- AROUND `eagle_utils._verify_uses_greedy` (SGLang's HookRegistry): it is asked with is_cpu=False.
+
+Why: in SGLang 0.5.23 `eagle_utils` binds these four names at its import, from
+`sglang.kernels.ops.speculative.verify_sampling` and `sglang.kernels.ops.sampling.renorm`,
+which resolve them once per platform: on CPU the tree sampler and both renorm ops are None
+(neither `sgl_kernel` nor `flashinfer` is consulted) and the chain sampler is a Triton kernel,
+which cannot launch on CPU. So `_verify_uses_greedy` returns True whenever is_cpu, and sampled
+requests are verified as greedy ones: draft tokens are accepted only where they equal the argmax.
+With this patch they are accepted by the same rules as on a GPU.
+
+The names are assigned, not hooked: SGLang's HookRegistry propagates a patch to every module
+attribute that `is` the original, and the original here is None. The names stay as they are in
+the modules that define them and in other importers (DFLASH, UNO), whose CPU paths this does not
+touch. The seeded verify coins (deterministic inference) call `sgl_kernel::murmur_hash32_cpu`,
+which the `sgl_kernel` stand-in registers on import.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+
+import torch
+
+from parse_sglang.cpu import CPU_ENGINE_ENV, sampling_ops
+from parse_sglang.scheduler_patches import register_hooks_once
+
+EAGLE_UTILS = "sglang.srt.speculative.eagle_utils"
+GREEDY_TARGET = f"{EAGLE_UTILS}._verify_uses_greedy"
+# eagle_utils global -> its torch version
+OPS = {
+    "tree_speculative_sampling_target_only": sampling_ops.tree_speculative_sampling_target_only,
+    "chain_speculative_sampling_triton": sampling_ops.chain_speculative_sampling_triton,
+    "top_k_renorm_prob": sampling_ops.top_k_renorm_prob,
+    "top_p_renorm_prob": sampling_ops.top_p_renorm_prob,
+}
+
+# SGLang callables this module relies on, with the signature it was written against: the
+# caller, the predicate it hooks, and the GPU ops whose calls the torch versions must accept.
+HOOKED_SIGNATURES = {
+    f"{EAGLE_UTILS}.eagle_sample": (
+        "(verify_input: 'EagleVerifyInput', batch: 'ScheduleBatch', logits_output: 'LogitsProcessorOutput', "
+        "grammar_mask: 'Optional[GrammarMask]' = None, uno_target_max_top_k: 'Optional[int]' = None, *, "
+        "watermark_state: 'Optional[WatermarkState]' = None, watermark_full_mask: 'bool' = True)"
+    ),
+    GREEDY_TARGET: (
+        "(*, is_all_greedy: 'bool', is_cpu: 'bool', is_hip: 'bool', is_xpu: 'bool', "
+        "use_rejection_sampling: 'bool') -> 'bool'"
+    ),
+    "sglang.kernels.ops.speculative.sampling.tree_speculative_sampling_target_only": (
+        "(predicts: 'torch.Tensor', accept_index: 'torch.Tensor', accept_token_num: 'torch.Tensor', "
+        "candidates: 'torch.Tensor', retrive_index: 'torch.Tensor', retrive_next_token: 'torch.Tensor', "
+        "retrive_next_sibling: 'torch.Tensor', uniform_samples: 'torch.Tensor', "
+        "uniform_samples_for_final_sampling: 'torch.Tensor', target_probs: 'torch.Tensor', "
+        "draft_probs: 'torch.Tensor', threshold_single: 'float' = 1.0, threshold_acc: 'float' = 1.0, "
+        "deterministic: 'bool' = True) -> 'None'"
+    ),
+    "sglang.kernels.ops.speculative.reject_sampling.chain_speculative_sampling_triton": (
+        "(predicts, accept_index, accept_token_num, candidates, retrive_index, retrive_next_token, "
+        "retrive_next_sibling, uniform_samples, uniform_samples_for_final_sampling, target_probs, "
+        "draft_probs, threshold_single, threshold_acc, deterministic, *, block_verification: bool = False)"
+    ),
+}
+
+
+def cpu_sampling_wanted() -> bool:
+    """True in a process of SGLang's CPU engine under parse_sglang's CPU runtime:
+    SGLANG_USE_CPU_ENGINE=1 (set by `parse_sglang.cpu.enable()`, inherited by SGLang's
+    processes) and no CUDA device."""
+    return os.environ.get(CPU_ENGINE_ENV) == "1" and not torch.cuda.is_available()
+
+
+def sample_on_cpu(original_fn, **flags) -> bool:
+    """AROUND `_verify_uses_greedy`: SGLang's answer as if the platform were not a CPU
+    (greedy only for all-greedy batches, or XPU / HIP as SGLang decides)."""
+    return original_fn(**{**flags, "is_cpu": False})
+
+
+def install() -> str:
+    """Bind the torch sampling ops in eagle_utils and register the `_verify_uses_greedy`
+    hook (applied by SGLang's HookRegistry.apply_hooks); idempotent. Does nothing outside
+    the CPU runtime (see cpu_sampling_wanted)."""
+    if not cpu_sampling_wanted():
+        return f"CPU sampling verification: not installed ({CPU_ENGINE_ENV} is not 1, or CUDA is available)"
+    from sglang.srt.plugins.hook_registry import HookType
+
+    eagle_utils = importlib.import_module(EAGLE_UTILS)
+    for name, fn in OPS.items():
+        setattr(eagle_utils, name, fn)
+    register_hooks_once(__name__, (GREEDY_TARGET, sample_on_cpu, HookType.AROUND))
+    return (
+        f"CPU sampling verification: {EAGLE_UTILS}.{{{', '.join(OPS)}}} -> parse_sglang.cpu.sampling_ops; "
+        f"AROUND {GREEDY_TARGET} (is_cpu=False)"
+    )
