@@ -638,7 +638,7 @@ def test_eagle_sample_samples_on_cpu(sglang_verify, seed, mode, thresholds):
     from sglang.srt.layers.logits_processor import LogitsProcessorOutput
     from sglang.srt.runtime_context import get_spec
 
-    from parse_sglang.verify_input import ChainView
+    from parse_sglang.verify_input import ShapeConstants
 
     eagle_utils = sglang_verify
     bs, width, vocab, temperature, top_k, top_p = 6, 4, 12, 0.9, 8, 0.9
@@ -650,7 +650,7 @@ def test_eagle_sample_samples_on_cpu(sglang_verify, seed, mode, thresholds):
         for s in range(1, width):
             if (b + s) % 2:
                 chain[b, s] = int(torch.multinomial(torch.tensor(probs[b * width + s - 1]), 1, generator=g))
-    view = ChainView.of(chain)
+    view = ShapeConstants("cpu").chain_view(chain)
     if mode != "target_only":
         view.draft_probs = torch.softmax(torch.randn(bs, width - 1, vocab, generator=g), dim=-1)
         view.draft_probs.scatter_(2, chain[:, 1:, None], 0.3)
