@@ -4,12 +4,14 @@ row per judge setting, all in SGLang in one run.
     python benchmarks/semantic.py [--pair synthetic|smollm2] [--num-problems N] [--json]
                                   [--target DIR --draft DIR --prompts FILE [--grader MODULE:FUNC]]
                                   [--num-steps L] [--probe-stride D] [--max-new-tokens N]
-                                  [--plot PNG] [--cache-dir DIR]
+                                  [--temperature T [--top-p P]] [--plot PNG] [--cache-dir DIR]
 
 Rows: target_only, standalone (SGLang's STANDALONE, topk 1, radix cache off), parse_lossless,
 parse_probe at τ in PROBE_THRESHOLDS, parse_likelihood at λ in LIKELIHOOD_THRESHOLDS. Three
 engines, one after the other (target-only, STANDALONE, PARSE); the PARSE engine serves every
-PARSE row through per-request settings, each row as its own batch of all prompts (greedy).
+PARSE row through per-request settings, each row as its own batch of all prompts (greedy, or
+sampled with --temperature / --top-p: then every row samples, and lossless rows are samples of
+the target's distribution, not its greedy output).
 
 Per row: `accuracy` (share of graded answers correct; null where there is no grader),
 `tokens_per_target_forward`, `judged_share` (output tokens the judge accepted beyond exact
@@ -38,8 +40,9 @@ import time
 from pathlib import Path
 from typing import Callable, Sequence
 
-from parse_sglang.settings import ParseConfig
-from parse_sglang.demo import DEFAULT_PROMPTS, chat_prompt_ids, engine_kwargs, parse_engine_kwargs, table, target_forwards
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout's `support` package
+from parse_sglang.demo import DEFAULT_PROMPTS, chat_prompt_ids, engine_kwargs, parse_engine_kwargs, table, target_forwards  # noqa: E402
+from parse_sglang.settings import ParseConfig  # noqa: E402
 
 PROBE_THRESHOLDS = (0.3, 0.5, 0.7, 0.9)
 LIKELIHOOD_THRESHOLDS = (0.05, 0.2, 0.5)
@@ -129,7 +132,8 @@ def summarize(mode: str, threshold, work: Workload, outs: list[dict], wall: floa
     }
 
 
-def run_rows(work: Workload, config: ParseConfig, max_new_tokens: int, progress=None) -> list[dict]:
+def run_rows(work: Workload, config: ParseConfig, max_new_tokens: int, progress=None, temperature: float = 0.0,
+             top_p: float = 1.0) -> list[dict]:  # fmt: skip
     """Every row, engines started one after another (never two at once)."""
     import sglang
     import torch
@@ -138,7 +142,7 @@ def run_rows(work: Workload, config: ParseConfig, max_new_tokens: int, progress=
     base["max_running_requests"] = min(len(work.prompt_ids), 64)
     if "max_total_tokens" in base:  # CPU: room for a full batch of windows
         base["max_total_tokens"] = 32768
-    sampling = {"temperature": 0.0, "max_new_tokens": max_new_tokens}
+    sampling = {"temperature": temperature, "top_p": top_p, "max_new_tokens": max_new_tokens}
     L = config.draft_budget
     standalone = dict(speculative_algorithm="STANDALONE", speculative_draft_model_path=work.draft,
                       speculative_num_steps=L, speculative_eagle_topk=1, speculative_num_draft_tokens=L + 1,
@@ -224,6 +228,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--num-steps", type=int, default=32, help="draft tokens per round (L), PARSE and STANDALONE")
     parser.add_argument("--probe-stride", type=int, default=8)
     parser.add_argument("--max-new-tokens", type=int, default=96)
+    parser.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
+    parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--plot", help="PNG path (default benchmarks/semantic_<pair>.png)")
     parser.add_argument("--cache-dir", help="cache root of built models")
     parser.add_argument("--json", action="store_true", help="one JSON object per row on stdout")
@@ -233,6 +239,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     for flag in ("num_problems", "max_new_tokens"):
         if getattr(args, flag) < 1:
             parser.error(f"--{flag.replace('_', '-')}={getattr(args, flag)} is invalid: allowed is an integer >= 1")
+    if args.temperature < 0 or not 0 < args.top_p <= 1:
+        parser.error(f"--temperature={args.temperature} / --top-p={args.top_p} are invalid: allowed are a "
+                     "temperature >= 0 and a top-p in (0, 1]")
     try:
         config = ParseConfig(draft_budget=args.num_steps, probe_stride=args.probe_stride)
     except ValueError as err:  # draft_budget is --num-steps, probe_stride --probe-stride
@@ -254,9 +263,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     from tqdm import tqdm
 
     with tqdm(total=2 + len(parse_rows()), desc="rows", file=sys.stderr) as progress:
-        rows = run_rows(work, config, args.max_new_tokens, progress)
+        rows = run_rows(work, config, args.max_new_tokens, progress, args.temperature, args.top_p)
     add_target_nll(rows, work)
     title = (f"{name}: {len(work.prompt_ids)} prompts, L={config.draft_budget}, Δ={config.probe_stride}"
+             + (f", temperature {args.temperature}, top-p {args.top_p}" if args.temperature else "")
              + (" (synthetic stand-in, not evidence about large models)" if name == "synthetic" else ""))
     path = args.plot or str(Path(__file__).with_name(f"semantic_{name}.png"))
     plot(rows, path, title)

@@ -18,12 +18,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import tempfile
 import time
+from pathlib import Path
 
-from parse_sglang.cpu import engine_settings
-from parse_sglang.demo import chat_prompt_ids, target_forwards
-from support.tiny_models import build_pair
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout's `support` package
+from parse_sglang.cpu import engine_settings  # noqa: E402
+from parse_sglang.demo import chat_prompt_ids, target_forwards  # noqa: E402
+from support.tiny_models import build_pair  # noqa: E402
 
 PROMPTS = [
     "Explain why the sky is blue in two sentences.",

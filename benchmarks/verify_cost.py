@@ -17,15 +17,18 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import tempfile
 import time
+from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
-from parse_sglang.judge import build_judge_probe
-from parse_sglang.reference import _masked_forward, _window
-from support.tiny_models import build_model
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout's `support` package
+from parse_sglang.judge import build_judge_probe  # noqa: E402
+from parse_sglang.reference import _masked_forward, _window  # noqa: E402
+from support.tiny_models import build_model  # noqa: E402
 
 
 def _median_ms(fn, repeats: int) -> float:

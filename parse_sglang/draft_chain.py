@@ -1,7 +1,7 @@
-"""Step 1 of a PARSE round, the draft's L+1 greedy decode steps, run by SGLang's own EAGLE
+"""Step 1 of a PARSE round, the draft's L+1 decode steps, run by SGLang's own EAGLE
 multi-step draft machinery, so that on a GPU the whole loop is ONE CUDA-graph replay.
 
-PARSE's greedy draft is EAGLE's topk=1 chain with `num_steps = L + 2`: the chain starts at
+PARSE's draft is EAGLE's topk=1 chain with `num_steps = L + 2`: the chain starts at
 c_n (the round's input token, at position P = the committed length), step i writes the
 draft's KV of its input at `req_to_token[P + i]` and attends to `[0, P + i]`, and
 `draft_tokens` = [c_n, d_1 .. d_{L+1}] (the last step's output d_{L+1} is unused: that
@@ -16,16 +16,30 @@ an `EagleDraftWorker`) configured for that chain, and runs
   backend of cpu/torch_native_draft.py), which is what CI executes.
 The draft never runs draft-extend: its KV pool is un-shifted over the target's slots (slot
 p holds the draft's KV of token p), and the prompt is prefilled by the worker.
+
+Greedy requests draft the argmax. Where drafts are sampled (`samples`: the server's judge is
+on, so that samples of one prompt do not share the draft's argmax text as their judged spans,
+or `--speculative-use-rejection-sampling` is on, whose rule needs the draft's distribution), a
+sampled request's draft samples each step with the request's temperature (SGLang's
+`sample_draft_proposal`, drawn on the device inside the chain) and keeps its proposal
+distribution q: the rejection rule accepts with min(1, p/q); the target-only rule takes the
+draft tokens as point proposals, which keeps the target's distribution for any proposal (but
+accepts an argmax proposal more often: a lossless server without rejection sampling drafts the
+argmax, as STANDALONE does). SGLang's chain samples only under that switch, so a sampling chain
+(its capture and its rounds) runs with it on (`sampled_proposals`): an all-greedy batch still
+replays the argmax chain, as SGLang captures it, token for token.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 
 import torch
 from sglang.srt.managers.schedule_batch import ScheduleBatch
 from sglang.srt.managers.tp_worker import TpModelWorker
 from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardMode
+from sglang.srt.runtime_context import get_context, get_schedule, get_spec
 from sglang.srt.server_args import ServerArgs
 from sglang.srt.speculative.draft_utils import DraftBackendFactory
 from sglang.srt.speculative.eagle_info import EagleDraftInput
@@ -33,6 +47,22 @@ from sglang.srt.speculative.eagle_worker_common import prepare_for_draft
 from sglang.srt.speculative.standalone_worker_v2 import StandaloneDraftWorker
 
 logger = logging.getLogger(__name__)
+
+
+@contextlib.contextmanager
+def sampled_proposals(samples: bool):
+    """With `samples`, SGLang's `speculative_use_rejection_sampling` on while the draft chain
+    captures or runs (its runtime-context override, as SGLang's adaptive-steps worker changes
+    its step count), so that a sampled batch's draft samples and keeps q; the user's own
+    setting is restored after, and is what the target's verification reads."""
+    if not samples or get_spec().speculative_use_rejection_sampling:
+        yield
+        return
+    get_context().override("parse.draft_chain", speculative_use_rejection_sampling=True)
+    try:
+        yield
+    finally:
+        get_context().override("parse.draft_chain", speculative_use_rejection_sampling=False)
 
 
 class DraftChain(StandaloneDraftWorker):
@@ -45,15 +75,19 @@ class DraftChain(StandaloneDraftWorker):
         nccl_port: int,
         target_worker: TpModelWorker,
         draft_budget: int,
+        samples: bool,
     ):
         """SGLang's STANDALONE draft worker (its own model, on the target's TP group, its own
-        KV pool over the target's slots), set to the L + 2 steps of PARSE's chain."""
+        KV pool over the target's slots), set to the L + 2 steps of PARSE's chain; `samples`:
+        sampled requests draft by sampling (module docstring)."""
         super().__init__(server_args, gpu_id, nccl_port, target_worker)
+        self.samples = samples
         self.speculative_num_steps = draft_budget + 2
         self.speculative_num_draft_tokens = draft_budget + 3  # topk=1: steps + 1
         self._rebuild_topk1_chain_buffers()
         self.draft_attn_backend = None
         self.cuda_graph_runner = None
+        self._no_proposal = None  # [max_bs, V] zeros: the q of c_n, which no one drafted
 
     def init_attention_backend(self):
         """Only the multi-step decode backend: the draft's prefill keeps the runner's own
@@ -70,12 +104,14 @@ class DraftChain(StandaloneDraftWorker):
             return
         from sglang.srt.speculative.eagle_draft_cuda_graph_runner import EAGLEDraftCudaGraphRunner
 
-        self.cuda_graph_runner = EAGLEDraftCudaGraphRunner(self, speculative_num_steps=self.speculative_num_steps)
+        with sampled_proposals(self.samples):  # also captures the greedy variant an all-greedy batch replays
+            self.cuda_graph_runner = EAGLEDraftCudaGraphRunner(self, speculative_num_steps=self.speculative_num_steps)
         logger.info("PARSE draft chain of %d steps captured as CUDA graphs", self.speculative_num_steps - 1)
 
-    def draft(self, batch: ScheduleBatch, last_tokens: torch.Tensor) -> tuple[torch.Tensor, bool]:
-        """([bs, L+2] c_n, d_1 .. d_{L+1} greedy from each request's committed KV, whether the
-        chain ran as a graph replay).
+    def draft(self, batch: ScheduleBatch, last_tokens: torch.Tensor):
+        """(draft_tokens [bs, L+2] c_n, d_1 .. d_{L+1} from each request's committed KV,
+        proposals [bs, L+2, V] (q of each token, c_n's zero; None for an all-greedy batch),
+        whether the chain ran as a graph replay).
 
         batch.seq_lens must be the committed lengths P; leaves batch.out_cache_loc and
         batch.spec_info set to the draft's (the worker overwrites both for the verify)."""
@@ -83,26 +119,35 @@ class DraftChain(StandaloneDraftWorker):
         draft_input = EagleDraftInput(
             topk_p=torch.ones(bs, 1, dtype=torch.float32, device=self.device),
             topk_index=last_tokens.view(bs, 1).to(torch.int64),
+            draft_probs=None if batch.sampling_info.is_all_greedy or not self.samples else self._no_proposal_rows(bs),
             hidden_states=None,
             capture_hidden_mode=CaptureHiddenMode.NULL,
         )
         batch.forward_mode = ForwardMode.DECODE
         batch.spec_info = draft_input
         batch.input_ids = last_tokens
-        forward_batch, use_graph, _ = prepare_for_draft(
-            draft_input,
-            self.req_to_token_pool,
-            batch,
-            self.cuda_graph_runner,
-            self.draft_runner,
-            self.topk,
-            self.speculative_num_steps,
-        )
-        forward_batch.return_logprob = False
-        if use_graph:
-            _, _, draft_tokens, _ = self.cuda_graph_runner.execute(forward_batch)
-        else:
-            self.draft_attn_backend.init_forward_metadata(forward_batch)
-            forward_batch.mark_forward_metadata_ready()
-            _, _, draft_tokens, _ = self.draft_forward(forward_batch)
-        return draft_tokens, bool(use_graph)
+        with sampled_proposals(self.samples):
+            forward_batch, use_graph, _ = prepare_for_draft(
+                draft_input,
+                self.req_to_token_pool,
+                batch,
+                self.cuda_graph_runner,
+                self.draft_runner,
+                self.topk,
+                self.speculative_num_steps,
+            )
+            forward_batch.return_logprob = False
+            if use_graph:
+                _, _, draft_tokens, proposals = self.cuda_graph_runner.execute(forward_batch)
+            else:
+                self.draft_attn_backend.init_forward_metadata(forward_batch)
+                forward_batch.mark_forward_metadata_ready()
+                _, _, draft_tokens, proposals = self.draft_forward(forward_batch)
+        return draft_tokens, proposals, bool(use_graph)
+
+    def _no_proposal_rows(self, bs: int) -> torch.Tensor:
+        """[bs, V] zeros, from a buffer made once: the chain's first token c_n was not drafted."""
+        if self._no_proposal is None or self._no_proposal.shape[0] < bs:
+            rows = max(bs, get_schedule().max_running_requests or bs)
+            self._no_proposal = torch.zeros(rows, self.draft_runner.model_config.vocab_size, device=self.device)
+        return self._no_proposal[:bs]

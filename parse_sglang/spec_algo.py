@@ -82,12 +82,6 @@ def validate_parse_server_args(sa) -> None:
         ("--disaggregation-mode", sa.disaggregation_mode, sa.disaggregation_mode in (None, "null"), '"null"'),
         ("--enable-lora", sa.enable_lora, not sa.enable_lora and not sa.lora_paths, "off (no LoRA adapters)"),
         ("--speculative-adaptive", sa.speculative_adaptive, not sa.speculative_adaptive, "off"),
-        (
-            "--speculative-use-rejection-sampling",
-            sa.speculative_use_rejection_sampling,
-            not sa.speculative_use_rejection_sampling,
-            "off (the draft's probabilities are not kept)",
-        ),
         ("--enable-multi-layer-eagle", sa.enable_multi_layer_eagle, not sa.enable_multi_layer_eagle, "off"),
         ("--speculative-eagle-topk", sa.speculative_eagle_topk, sa.speculative_eagle_topk in (None, 1), "1 (a chain)"),
         (

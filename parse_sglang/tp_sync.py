@@ -12,7 +12,7 @@ the draft shares with the target):
 
 - `share_plan`: the host plan before the window is built (`window_plan.ProbePlan`: drafts,
   acceptable draft lengths, target-phase limits, judge flags and thresholds, boundaries),
-  over the group's CPU (gloo) group, because it lives on the host: int32 [bs, 2L + 8];
+  over the group's CPU (gloo) group, because it lives on the host: int32 [bs, 2L + 7];
 - `share_accepted`: the acceptance decisions (emitted tokens with the bonus, accepted
   lengths, exact-match counts), over the device group (NCCL on a GPU): int32 [bs, L + 3].
 
@@ -41,8 +41,8 @@ from parse_sglang.packing import fields_of, pack, unpack
 FAULT_ENV = "PARSE_TEST_TP_FAULT"
 FAULTS = ("skew", "skew-drafts-unsynced")
 PLAN_FIELDS = (  # window_plan.ProbePlan
-    "drafts", "draft_lens", "phase_limits", "judged", "probed", "likelihood", "sampled", "thresholds",
-    "likelihood_thresholds", "bounds",
+    "drafts", "draft_lens", "phase_limits", "judged", "probed", "likelihood", "thresholds", "likelihood_thresholds",
+    "bounds",
 )  # fmt: skip
 ACCEPTED_FIELDS = ("emitted", "lengths", "exact_tokens")  # acceptance.Accepted
 

@@ -21,7 +21,6 @@ from typing import Callable, Optional, Sequence
 
 import torch
 from sglang.srt.managers.schedule_batch import FINISH_ABORT
-from sglang.srt.utils import is_cpu
 
 from parse_sglang.attention.window import FullMaskBuffer, WindowShape
 from parse_sglang.boundaries import TokenTexts, select_boundaries
@@ -38,7 +37,6 @@ class RequestSettings:
     config: ParseConfig  # the server's, with custom_params["parse"] applied
     outputs: frozenset  # the output options it switched on (settings.REQUEST_OUTPUTS)
     stop_ids: frozenset  # token ids that end the output (EOS, stop_token_ids); empty: ignore_eos
-    sampled: bool  # sampled on CPU: served target-only (worker docstring)
 
 
 def request_settings(req, server: ParseConfig) -> RequestSettings:
@@ -60,8 +58,7 @@ def request_settings(req, server: ParseConfig) -> RequestSettings:
         stops = set(params.stop_token_ids or ()) | set(req.eos_token_ids or ())
         if req.tokenizer is not None and req.tokenizer.eos_token_id is not None:
             stops.add(req.tokenizer.eos_token_id)
-    sampled = is_cpu() and params.top_k != 1  # SGLang marks greedy requests with top_k 1
-    req.parse_request = settings = RequestSettings(config, outputs, frozenset(stops), sampled)
+    req.parse_request = settings = RequestSettings(config, outputs, frozenset(stops))
     return settings
 
 
@@ -72,7 +69,6 @@ class RequestPolicy:
     config: ParseConfig
     budget: int  # draft tokens worth writing (L, capped by the output left)
     judged: bool  # the judge may extend this request's acceptance (its config says how)
-    sampled: bool  # sampled on CPU: served target-only (worker docstring)
     stop_ids: frozenset  # token ids that end the output (EOS, stop_token_ids); empty: ignore_eos
     phase: Optional[list] = None  # tokens of its target phase so far (target_phase.py); None: not in one
 
@@ -85,8 +81,8 @@ def request_policy(req, server: ParseConfig) -> RequestPolicy:
     if params.max_new_tokens is not None:  # one token of what is left is the round's bonus
         budget = min(budget, max(params.max_new_tokens - len(req.output_ids) - 1, 1))
     phase = in_target_phase(req)
-    judged = config.judge and req.grammar is None and phase is None and not settings.sampled
-    return RequestPolicy(config, budget, judged, settings.sampled, settings.stop_ids, phase)
+    judged = config.judge and req.grammar is None and phase is None
+    return RequestPolicy(config, budget, judged, settings.stop_ids, phase)
 
 
 def cut_at_stop(draft: Sequence[int], stop_ids: frozenset) -> int:
@@ -116,7 +112,6 @@ class ProbePlan:
     judged: torch.Tensor  # [bs] bool, the judge may extend this request's acceptance
     probed: torch.Tensor  # [bs] bool, its boundaries get probe rows (judge_mode "probe" / "both")
     likelihood: torch.Tensor  # [bs] bool, judged by its draft tokens' target probabilities
-    sampled: torch.Tensor  # [bs] bool
     thresholds: torch.Tensor  # [bs] float32 τ
     likelihood_thresholds: torch.Tensor  # [bs] float32 λ
     bounds: torch.Tensor  # [bs, L] int64, real boundaries b_1 < ... < b_K, then 0s
@@ -129,7 +124,7 @@ def place_probes(drafts_host: torch.Tensor, policies: Sequence[RequestPolicy], t
     """Each request's acceptable draft length, target-phase limit and real probe boundaries."""
     rows = drafts_host.tolist()
     bs, length = drafts_host.shape
-    draft_lens = [0 if p.sampled else cut_at_stop(row[: p.budget], p.stop_ids) for row, p in zip(rows, policies)]
+    draft_lens = [cut_at_stop(row[: p.budget], p.stop_ids) for row, p in zip(rows, policies)]
     bounds = torch.zeros(bs, length, dtype=torch.int64)
     limits = []
     for i, (row, n, p) in enumerate(zip(rows, draft_lens, policies)):
@@ -148,7 +143,6 @@ def place_probes(drafts_host: torch.Tensor, policies: Sequence[RequestPolicy], t
         judged=flags(lambda p: p.judged),
         probed=flags(lambda p: p.judged and p.config.uses_probe),
         likelihood=flags(lambda p: p.judged and p.config.uses_likelihood),
-        sampled=flags(lambda p: p.sampled),
         thresholds=torch.tensor([p.config.threshold for p in policies], dtype=torch.float32),
         likelihood_thresholds=torch.tensor([p.config.likelihood_threshold for p in policies], dtype=torch.float32),
         bounds=bounds,
@@ -171,7 +165,6 @@ class Window:
     judge_on: torch.Tensor  # [bs] bool: the judge may extend the request's acceptance
     uses_probe: torch.Tensor  # [bs] bool: judged with the probe (its boundaries have probe rows)
     uses_likelihood: torch.Tensor  # [bs] bool: judged by the draft tokens' target probabilities
-    sampled: torch.Tensor  # [bs] bool
     thresholds: torch.Tensor  # [bs] τ
     likelihood_thresholds: torch.Tensor  # [bs] λ
     configs: list  # [bs] ParseConfig
@@ -219,12 +212,12 @@ def plan_window(
         return torch.tensor([v + [0] * (width - len(v)) for v in values], dtype=torch.int64).view(bs, width)
 
     host = [
-        plan.drafts, plan.draft_lens, plan.phase_limits, plan.judged, plan.probed, plan.likelihood, plan.sampled,
+        plan.drafts, plan.draft_lens, plan.phase_limits, plan.judged, plan.probed, plan.likelihood,
         plan.thresholds, plan.likelihood_thresholds,
         rows(bounds, real_width), rows(probe_slots, real_width), rows(window_bounds, num_probes),
     ]  # fmt: skip
-    (drafts, draft_lens, phase_limits, judged, probed_on, likelihood, sampled, thresholds, lambdas, boundaries,
-     slots, probe_bounds) = unpack(pack(host).to(device), fields_of(host))  # fmt: skip
+    (drafts, draft_lens, phase_limits, judged, probed_on, likelihood, thresholds, lambdas, boundaries, slots,
+     probe_bounds) = unpack(pack(host).to(device), fields_of(host))  # fmt: skip
     shape = WindowShape(length, num_probes, len(suffix_ids) if num_probes else 0)
     chain_tokens = torch.cat([last_tokens[:, None].to(torch.int64), drafts], dim=1)
     verify_input = ParseVerifyInput.for_round(
@@ -249,7 +242,6 @@ def plan_window(
         judge_on=judged,
         uses_probe=probed_on,
         uses_likelihood=likelihood,
-        sampled=sampled,
         thresholds=thresholds,
         likelihood_thresholds=lambdas,
         configs=[p.config for p in policies],

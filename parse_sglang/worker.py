@@ -27,11 +27,12 @@ Conventions this worker keeps with SGLang's scheduler (sync V2 schema, no overla
 - Output: `next_token_ids` is [bs * (L+1)], request i's emitted tokens d_1..d_a, t_a at
   i*(L+1) .. i*(L+1)+a; `accept_lens` = a + 1 (bonus included).
 - The exact part of acceptance is SGLang's own chain verification (`eagle_sample` on the
-  chain rows: penalties, logit bias, grammar mask, sampling); the judge can only extend it.
-- Sampled requests (temperature > 0) on CPU: SGLang's chain verification is greedy on CPU
-  whatever the temperature (`eagle_utils._verify_uses_greedy`), which would turn them into
-  greedy requests. They are served target-only instead: no draft token is acceptable, and
-  the round's one token is sampled from chain row 0 with the request's sampling settings.
+  chain rows: penalties, logit bias, grammar mask, sampling; on CPU its sampling rules run as
+  the CPU runtime's torch versions): for a sampled request, the target-only rule, or with
+  `--speculative-use-rejection-sampling` the rejection rule against the draft's proposal
+  distribution (`draft_chain`: a sampled request's draft samples). The judge can only extend
+  what it accepted; the bonus token after a judged extension is sampled from the target's row
+  with the request's settings (seeded where the request has a `sampling_seed`).
 """
 
 from __future__ import annotations
@@ -133,7 +134,11 @@ class ParseWorker(BaseSpecWorker):
         self.constants = shape_constants(self.model_runner)  # per-shape tensors, kept for the process
         self.mask_buffer = None  # the FULL-mask buffer, reserved with the memory pools (GPU backends)
         self.verify_graphs = VerifyGraphs(self.model_runner)
-        self._draft_worker = DraftChain(server_args, gpu_id, nccl_port, target_worker, self.config.draft_budget)
+        self.rejection_sampling = spec.speculative_use_rejection_sampling
+        self._draft_worker = DraftChain(
+            server_args, gpu_id, nccl_port, target_worker, self.config.draft_budget,
+            samples=self.config.judge or self.rejection_sampling,
+        )  # fmt: skip
         self.totals = ServerTotals()  # get_server_info()'s "parse" entry
         self.tp = TpSync.of_tp_group()  # rank 0's plan and decisions on every TP rank
         logger.info(
@@ -153,21 +158,23 @@ class ParseWorker(BaseSpecWorker):
         """One PARSE round for every request of a decode batch (DESIGN.md §1, steps 1-9)."""
         committed = Committed.of(batch, self.device)
         policies = [request_policy(req, self.config) for req in batch.reqs]
-        drafts, draft_graphed = self._draft(batch, committed)  # 1. d_1..d_L
+        drafts, proposals, draft_graphed = self._draft(batch, committed)  # 1. d_1..d_L (and their q)
         window = self._plan_window(committed, drafts, policies)  # 2.-5. boundaries, probes, mask
         chain_logits, probe_logits, verify_graphed = self._verify(batch, committed, window)  # 6. ONE forward
-        accepted = self._accept(batch, committed, window, chain_logits, probe_logits)  # 7.-8. read, accept
+        accepted = self._accept(batch, committed, window, chain_logits, probe_logits, proposals)  # 7.-8.
         accepted = self.tp.share_accepted(accepted)  # TP: rank 0's decisions on every rank
         graphed = draft_graphed and verify_graphed
         self._record(batch.reqs, window, accepted, graphed)  # counters, target phases
         return self._result(batch, committed, window, accepted, chain_logits, graphed)  # 9. SGLang commits
 
-    def _draft(self, batch: ScheduleBatch, committed: Committed) -> tuple[torch.Tensor, bool]:
-        """[bs, L] greedy draft d_1..d_L from c_n (`DraftChain`: L+1 draft decode steps), and
-        whether they ran as one graph replay."""
+    def _draft(self, batch: ScheduleBatch, committed: Committed):
+        """[bs, L] draft d_1..d_L from c_n (`DraftChain`: L+1 draft decode steps), their
+        proposal distributions [bs, L, V] (None for an all-greedy batch), and whether the
+        chain ran as one graph replay."""
         self._set_lengths(batch, committed)
-        chain, graphed = self._draft_worker.draft(batch, committed.last_tokens)
-        return chain[:, 1 : 1 + self.config.draft_budget], graphed
+        chain, proposals, graphed = self._draft_worker.draft(batch, committed.last_tokens)
+        steps = slice(1, 1 + self.config.draft_budget)
+        return chain[:, steps], (proposals[:, steps] if proposals is not None else None), graphed
 
     def _plan_window(self, committed: Committed, drafts: torch.Tensor, policies) -> Window:
         """Boundaries per request (the drafts' one trip to the host), then one device-built
@@ -205,10 +212,13 @@ class ParseWorker(BaseSpecWorker):
         chain, probes = window.shape.split_logits(out.logits_output.next_token_logits, bs)
         return chain.reshape(bs * window.chain_rows, -1), probes, out.can_run_cuda_graph
 
-    def _accept(self, batch: ScheduleBatch, committed: Committed, window: Window, chain_logits, probe_logits) -> Accepted:
+    def _accept(self, batch: ScheduleBatch, committed: Committed, window: Window, chain_logits, probe_logits,
+                proposals) -> Accepted:  # fmt: skip
         """a = min(max(a_exact, a_judge), acceptable length); emitted: d_1..d_a, then t_a."""
         bs, width = window.chain_tokens.shape
         chain = self.constants.chain_view(window.chain_tokens)
+        if self.rejection_sampling:
+            chain.draft_probs = proposals.contiguous() if proposals is not None else None  # the rejection rule's q
         grammar_mask = None
         if batch.has_grammar:
             grammar_mask = build_grammar_vocab_mask(
@@ -241,12 +251,12 @@ class ParseWorker(BaseSpecWorker):
         ).accepted
         limit = torch.minimum(window.draft_lens, window.phase_limits)
         accepted = torch.minimum(torch.maximum(exact, judge_len), limit)
-        # The bonus is SGLang's unless the judge took the request past its exact match, or the
-        # request is sampled on CPU: then it is drawn from chain row a here.
+        # The bonus is SGLang's unless the judge took the request past its exact match: then it
+        # is drawn from chain row a here.
         exact_bonus = predict.view(bs, width).gather(1, accepted[:, None]).squeeze(1).to(torch.int64)
         rows = chain_logits.gather(1, accepted[:, None, None].expand(-1, 1, chain_logits.shape[-1])).squeeze(1)
         own_bonus = bonus_tokens(batch.sampling_info, rows, committed.seq_lens + accepted)
-        bonus = torch.where((accepted > exact) | window.sampled, own_bonus, exact_bonus)
+        bonus = torch.where(accepted > exact, own_bonus, exact_bonus)
         emitted = torch.cat([drafts, torch.zeros_like(drafts[:, :1])], dim=1)
         emitted.scatter_(1, accepted[:, None], bonus[:, None])
         return Accepted(emitted, accepted, torch.minimum(exact, accepted), verdict)

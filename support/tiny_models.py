@@ -102,12 +102,15 @@ def build_model(
     vocab_size: int = 400,
     noise_of: str | Path | None = None,
     noise: float = 0.0,
+    logit_scale: float = 1.0,
 ):
     """Build a tiny random fp32 causal LM (+ tokenizer) in out_dir and return its path.
 
     arch: "llama", "qwen2" or "qwen3" (all with grouped-query attention when
     num_kv_heads < num_heads). With `noise_of`, the weights are those of the model in
     that directory plus Gaussian noise of relative size `noise` (a draft for it).
+    logit_scale: the lm_head is multiplied by it (> 1: sharper next-token distributions, a
+    few likely tokens instead of a near-uniform spread; a draft inherits its target's).
     """
     from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Config
 
@@ -141,6 +144,8 @@ def build_model(
             gen = torch.Generator().manual_seed(seed + 1)
             for p, q in zip(model.parameters(), base.parameters()):
                 p.copy_(q + noise * q.std() * torch.randn(q.shape, generator=gen))
+        else:
+            model.lm_head.weight.mul_(logit_scale)
     model.save_pretrained(out_dir, safe_serialization=True)
     return out_dir
 

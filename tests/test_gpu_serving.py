@@ -205,3 +205,34 @@ def test_judged_under_cuda_graphs_equals_eager(served, backend):
     passes = served["judged passes"]
     assert passes["verify_passes"] > 0 and passes["graph_passes"] == passes["verify_passes"]
     assert served["judged eager passes"]["graph_passes"] == 0
+
+
+def test_sampled_distribution_under_graphs(tmp_path_factory):
+    """tests/test_sglang_sampling.py's check on CUDA (Triton, fp32, CUDA graphs): PARSE lossless
+    with each verification rule samples the target's distribution (SGLang's CUDA / Triton
+    sampling kernels, the draft's sampled proposals in its graph), and the biased control (the
+    judge accepting every whole draft) is told apart by the same statistic."""
+    import sglang
+    from test_sglang_sampling import ALPHA, BIASED, LOSSLESS as OFF, RULES, SERVER, SETTINGS, draw, homogeneity
+
+    from support.tiny_models import build_pair
+
+    target, draft = build_pair(tmp_path_factory.mktemp("sharp_gpu_pair"), noise=0.5, logit_scale=6.0,
+                               hidden_size=256, num_heads=4, num_kv_heads=2)  # fmt: skip
+    out = {}
+    runs = [("target_only", {}), ("target_only_rule", parse_engine_kwargs(draft, SERVER)),
+            ("rejection_rule", {**parse_engine_kwargs(draft, SERVER), "speculative_use_rejection_sampling": True})]
+    for source, spec in runs:
+        engine = sglang.Engine(**cuda_engine_kwargs(target, "triton", graphs=True, random_seed=1, **spec))
+        try:
+            for name, sampling in SETTINGS.items():
+                out[source, name] = draw(engine, sampling, OFF if spec else None)
+                if source == "target_only_rule":
+                    out["biased", name] = draw(engine, sampling, BIASED)
+        finally:
+            engine.shutdown()
+    for name in SETTINGS:
+        reference = out["target_only", name]
+        for rule in RULES:
+            assert homogeneity(out[rule, name], reference)[0] >= ALPHA, (rule, name)
+        assert homogeneity(out["biased", name], reference)[0] < ALPHA, name

@@ -67,6 +67,7 @@ def test_nll_and_plot(rows, semantic, tmp_path):
     (["--num-steps", "0"], "--num-steps / --probe-stride: draft_budget=0 is invalid"),
     (["--max-new-tokens", "0"], "--max-new-tokens=0 is invalid: allowed is an integer >= 1"),
     (["--num-problems", "0"], "--num-problems=0 is invalid"),
+    (["--temperature", "-1"], "--temperature=-1.0 / --top-p=1.0 are invalid"),
     (["--target", "T"], "--target, --draft and --prompts go together"),
 ])
 def test_bad_arguments_are_refused(semantic, capsys, argv, message):

@@ -399,7 +399,7 @@ def run_engine(model_path, requests, *, flashinfer: bool, trace_dir=None, **over
     standin = flashinfer_standin() if flashinfer else contextlib.nullcontext()
     backend = {"attention_backend": "flashinfer"} if flashinfer else {}
     try:
-        with standin, sglang_engine(model_path, **backend, chunked_prefill_size=64, **overrides) as engine:
+        with standin, sglang_engine(model_path, **backend, **{"chunked_prefill_size": 64, **overrides}) as engine:
             result = requests(engine)
     finally:
         os.environ.pop(fi.TRACE_ENV, None)
@@ -505,3 +505,29 @@ def test_standalone_draft_machinery_equals_transformers_greedy(standalone, targe
     assert [o["output_ids"] for o in outs] == [target_greedy[p] for p in BATCH_PROMPTS]
     assert 1.3 < state["avg_spec_accept_length"] <= 4.0  # a wrong draft KV layout would accept ~nothing
     assert {"generate_draft_decode_kv_indices", "paged:custom_mask", "decode:full"} <= events
+
+
+def test_seeded_sampled_requests_are_reproducible(tiny_pair, cpu_runtime):
+    """With deterministic inference (which needs a deterministic attention backend: FlashInfer's,
+    its stand-in here; and SGLang's chunked prefill aligned to its 4096-token tile), a sampled
+    request with a sampling_seed gives the same output every time it is sent, in another batch
+    too, judged PARSE included (seeded draft proposals, verify coins and bonus tokens), and two
+    seeds give two outputs."""
+    prompt = BATCH_PROMPTS[1]
+
+    def seeded(seed: int) -> dict:
+        return {"temperature": 1.0, "max_new_tokens": 16, "ignore_eos": True, "sampling_seed": seed}
+
+    def requests(engine):
+        first = engine.generate([prompt, prompt], [seeded(11), seeded(12)])
+        again = engine.generate([prompt, "the cat", prompt], [seeded(11), seeded(5), seeded(12)])
+        return first, again
+
+    (first, again), _ = run_engine(
+        tiny_pair[0], requests, flashinfer=True, enable_deterministic_inference=True, chunked_prefill_size=4096,
+        **parse_engine_kwargs(tiny_pair[1], JUDGED),
+    )
+    assert first[0]["output_ids"] == again[0]["output_ids"] and first[1]["output_ids"] == again[2]["output_ids"]
+    assert first[0]["output_ids"] != first[1]["output_ids"]
+    assert sum(out["meta_info"]["parse"]["accepted_exact"] + out["meta_info"]["parse"]["accepted_judged"]
+               for out in first) > 0  # fmt: skip

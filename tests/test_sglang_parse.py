@@ -299,27 +299,26 @@ def test_judged_stop_string_inside_accepted_draft(judged_engine, hf_target):
     assert cut_inside >= 1 and judged > 0
 
 
-def test_sampled_requests_on_cpu_are_served_target_only(judged_engine, target_greedy):
-    """SGLang verifies drafts greedily on CPU whatever the temperature, so PARSE serves a
-    sampled request target-only there: no draft token kept, one token per round drawn with
-    the request's settings. Greedy requests in the same batch keep their judged drafts."""
+def test_sampled_and_greedy_requests_share_a_batch(judged_engine):
+    """Sampled requests speculate on CPU as on a GPU (SGLang's sampling verification, the CPU
+    runtime's torch kernels; the judge on): they draft, the judge extends what the target-only
+    rule accepted, and their logprobs are the emitted tokens'. Greedy requests in the same
+    batch keep their judged drafts. (Their distributions: tests/test_sglang_sampling.py.)"""
     prompts = BATCH_PROMPTS[:4]
     sampled = {"max_new_tokens": 12, "temperature": 1.0, "top_p": 0.95, "ignore_eos": True}
     batch = [p for p in prompts for _ in range(2)]
     params = [greedy({}, max_new_tokens=12, ignore_eos=True), sampled] * len(prompts)
     outs = judged_engine.generate(batch, params, return_logprob=True)
-    for prompt, param, out in zip(batch, params, outs):
-        meta, stats = out["meta_info"], out["meta_info"]["parse"]
+    for out in outs:
+        meta = out["meta_info"]
         assert meta["completion_tokens"] == 12
         logprobs = meta["output_token_logprobs"]
         assert [tok for _, tok, _ in logprobs] == out["output_ids"]
         assert all(lp <= 0.0 for lp, _, _ in logprobs)
-        if param is sampled:
-            assert stats["draft_tokens"] == stats["accepted_exact"] == stats["accepted_judged"] == 0
-            assert stats["rounds"] == 11  # the prefill gave the first token, each round one more
-            assert out["output_ids"] != target_greedy[prompt][:12]
-        else:
-            assert stats["accepted_judged"] > 0 and stats["rounds"] < 11
+    for kind in (0, 1):  # greedy, sampled
+        stats = [out["meta_info"]["parse"] for out in outs[kind::2]]
+        assert sum(s["draft_tokens"] for s in stats) > 0 and sum(s["accepted_judged"] for s in stats) > 0, kind
+        assert sum(s["rounds"] for s in stats) < 11 * len(stats), kind  # more than one token per round
 
 
 def test_constrained_requests_are_served(judged_engine):

@@ -5,8 +5,10 @@ SGLang's CPU engine binds each rank to the cores of one NUMA node unless
 rank 0 on core 0, rank 1 on core 1). The tiny pair has 4 attention heads and 2 KV heads,
 so both models split across 2 ranks (the draft shares the target's TP group).
 
-Four engines, one after the other, each serving two batches of PROMPTS (the judge off per
-request: lossless; the judge on: τ = 0.3, a probe every 2 tokens) and shut down:
+Four engines, one after the other, each serving three batches of PROMPTS (the judge off per
+request: lossless; the judge on: τ = 0.3, a probe every 2 tokens; sampled at temperature 0.001,
+the judge off: SGLang's sampling verification, the draft's sampled proposals and each rank's
+coins, greedy in effect) and shut down:
 - TP=1 PARSE: the judged reference (the lossless one is transformers' greedy decoding);
 - TP=2 PARSE: both batches equal the references token for token;
 - TP=2 with the test fault `PARSE_TEST_TP_FAULT=skew` (parse_sglang.tp_sync): rank 1's
@@ -42,9 +44,10 @@ def greedy(parse: dict) -> dict:
 
 
 def serve(tiny_pair, tp_size: int, fault: str | None = None) -> dict:
-    """Start a PARSE engine, run the lossless and the judged batch, shut it down; returns
-    {"lossless": [...], "judged": [...]} of (output_ids, meta_info["parse"])."""
-    batches = {"lossless": greedy({"judge": False}), "judged": greedy({})}
+    """Start a PARSE engine, run the lossless, the judged and the cold sampled batch, shut it
+    down; returns {"lossless": [...], "judged": [...], "cold": [...]} of (output_ids, meta_info["parse"])."""
+    cold = {**greedy({"judge": False}), "temperature": 0.001, "top_p": 0.95}
+    batches = {"lossless": greedy({"judge": False}), "judged": greedy({}), "cold": cold}
     with pytest.MonkeyPatch.context() as patch:  # the scheduler processes inherit the environment
         if tp_size > 1:
             patch.setenv(CPU_BIND_ENV, os.environ.get(CPU_BIND_ENV, "0|1"))
@@ -232,6 +235,7 @@ def test_drafts_unsynced_fault_skips_only_the_plan_broadcast(tmp_path):
 @pytest.mark.sglang
 def test_tp2_lossless_equals_target_greedy(tp2, target_greedy):
     assert ids(tp2["lossless"]) == target_greedy
+    assert ids(tp2["cold"]) == target_greedy  # the sampling path, every rank on rank 0's samples
     stats = [parse for _, parse in tp2["lossless"]]
     assert sum(s["accepted_exact"] for s in stats) > 0 and sum(s["accepted_judged"] for s in stats) == 0
 
@@ -246,7 +250,7 @@ def test_tp2_judged_equals_tp1(tp1, tp2, target_greedy):
 @pytest.mark.sglang
 def test_broadcasts_keep_skewed_ranks_equal(tp1, tp2_skewed, target_greedy):
     """Rank 1 disagrees with rank 0 on everything it decides; the broadcasts overrule it."""
-    assert ids(tp2_skewed["lossless"]) == target_greedy
+    assert ids(tp2_skewed["lossless"]) == target_greedy and ids(tp2_skewed["cold"]) == target_greedy
     assert tp2_skewed["judged"] == tp1["judged"]
 
 

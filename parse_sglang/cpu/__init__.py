@@ -54,6 +54,7 @@ PATCHES = [
     "parse_sglang.cpu.torch_native_verify",  # verify and draft-extend modes for the torch_native backend
     "parse_sglang.cpu.torch_native_draft",  # its multi-step draft backend
     "parse_sglang.cpu.cpu_graphs",  # SGLang's graph runners on CPU: inert unless CPU_GRAPHS_ENV asks
+    "parse_sglang.cpu.sampling_patch",  # SGLang's sampling verification (eagle_sample) on CPU
 ]
 FLASHINFER_PATCH = "parse_sglang.cpu.flashinfer_on_cpu"  # where the FlashInfer stand-in is imported
 

@@ -15,7 +15,9 @@ instead. What each reproduces:
 - `top_k_renorm_prob` / `top_p_renorm_prob`: FlashInfer 0.7's `top_k_renorm_probs` (radix
   select) and `top_p_renorm_probs` (AIR top-p; ternary search below 2048 tokens);
 - `murmur_hash32`: the `sgl_kernel::murmur_hash32_cpu` op behind the seeded verify coins
-  (`_seeded_verify_coins`, used with deterministic inference).
+  (`_seeded_verify_coins`, used with deterministic inference);
+- `row_argmax`: the Triton kernel a sampled draft proposal takes its Gumbel race's winner with
+  (`spec_utils.fast_sample`): each row's first largest entry.
 
 Decisions (acceptance, thresholds, which token a coin selects) follow the kernels exactly;
 sums and prefix sums run in torch's order rather than a GPU block reduction's, so only a coin
@@ -483,3 +485,10 @@ def register_murmur_hash32_op() -> None:
         _op_library = torch.library.Library("sgl_kernel", "FRAGMENT")
         _op_library.define("murmur_hash32_cpu(Tensor seed, Tensor positions, Tensor col_indices) -> Tensor")
         _op_library.impl("murmur_hash32_cpu", murmur_hash32, "CPU")
+
+
+def row_argmax(x: Tensor) -> Tensor:
+    """`x.argmax(dim=-1)` of a 2-D float32 tensor (SGLang's `row_argmax`)."""
+    if x.dim() != 2 or x.dtype != torch.float32:
+        raise ValueError(f"row_argmax: x must be a 2-D float32 tensor, got {x.dtype} of shape {tuple(x.shape)}")
+    return x.argmax(dim=-1)
