@@ -64,7 +64,7 @@ def main() -> None:
     bounds = [args.stride * (k + 1) for k in range(probes)]
     tokenizer = build_tokenizer(tempfile.mkdtemp())
     drafts_host = torch.randint(0, len(tokenizer), (args.batch, args.draft))
-    policy = RequestPolicy(ParseConfig(draft_budget=args.draft, probe_stride=args.stride), args.draft, True, False, frozenset())
+    policy = RequestPolicy(ParseConfig(draft_budget=args.draft, probe_stride=args.stride), args.draft, True, frozenset())
 
     def host_built(context):
         reqs = [VerifyRequest(context, 0, row, bounds, [0] * args.suffix) for row in drafts_host.tolist()]

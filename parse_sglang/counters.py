@@ -7,10 +7,13 @@ module imports neither of them, nor SGLang, so the package has no import circle.
 
 Per request, a plain dict of ints, `meta_info["parse"]`:
 
-    {"rounds": int, "draft_tokens": int,
+    {"rounds": int, "draft_length": int, "draft_tokens": int,
      "accepted_exact": int, "accepted_judged": int, "judge_probes": int}
 
-`rounds`: the request's rounds (each one target verify forward); `accepted_exact`: draft tokens
+`rounds`: the request's rounds (each one target verify forward); `draft_length`: the sum of its
+rounds' draft lengths L (the server's, or an adaptive server's tier: draft_length / rounds is the
+mean L); `draft_tokens`: the draft tokens its rounds could accept (L, cut by its budget and a stop
+token); `accepted_exact`: draft tokens
 the target's own next tokens confirmed; `accepted_judged`: draft tokens accepted beyond that
 exact-match prefix because the judge said yes; `judge_probes`: the judge probes its rounds asked
 (a round's real probes; the padding probes that keep one window width across a batch are not
@@ -27,12 +30,14 @@ Per server, `ServerTotals.summary()`, counted since startup:
      "rounds": int,              # request-rounds (a request's draft + verify + accept)
      "verify_passes": int,       # target verify forwards (one per batch round)
      "graph_passes": int,        # batch rounds whose draft chain and verify both replayed a graph
+     "draft_length": int,        # the draft lengths L of the request-rounds, summed
      "verify_rows": int,         # window rows the verify passes ran (each request's N = 1 + L + K*m)
      "draft_tokens": int, "accepted_exact": int, "accepted_judged": int, "judge_probes": int,
      "emitted_tokens": int,      # accepted drafts + one bonus token per request-round
      "tokens_per_round": float,  # = SGLang's avg_spec_accept_length over the same rounds
      "tokens_per_verify_pass": float, "draft_tokens_per_round": float,
      "verify_rows_per_round": float,
+     "mean_draft_length": float, # draft_length / rounds: L, or an adaptive server's mean tier
      "acceptance_rate": float,   # (accepted_exact + accepted_judged) / draft_tokens
      "judged_share": float}      # accepted_judged / all accepted draft tokens
 
@@ -53,12 +58,12 @@ import torch
 from parse_sglang.settings import RETURN_PROBE_SCORES
 
 STATS_KEY = "parse"
-COUNTERS = ("rounds", "draft_tokens", "accepted_exact", "accepted_judged", "judge_probes")
+COUNTERS = ("rounds", "draft_length", "draft_tokens", "accepted_exact", "accepted_judged", "judge_probes")
 PROBE_SCORES = "probe_scores"
 
 
 def record_round(
-    req, draft_tokens: int, exact: int, judged: int, judge_probes: int, probe_round: Optional[dict]
+    req, draft_length: int, draft_tokens: int, exact: int, judged: int, judge_probes: int, probe_round: Optional[dict]
 ) -> bool:
     """Count one round of `req` and publish its counters; returns True on its first round.
 
@@ -69,6 +74,7 @@ def record_round(
     if first:
         stats = req.parse_stats = dict.fromkeys(COUNTERS, 0)
     stats["rounds"] += 1
+    stats["draft_length"] += draft_length
     stats["draft_tokens"] += draft_tokens
     stats["accepted_exact"] += exact
     stats["accepted_judged"] += judged
@@ -104,6 +110,7 @@ class ServerTotals:
     verify_passes: int = 0
     graph_passes: int = 0
     verify_rows: int = 0
+    draft_length: int = 0
     draft_tokens: int = 0
     accepted_exact: int = 0
     accepted_judged: int = 0
@@ -119,13 +126,14 @@ class ServerTotals:
         probe_scores: Sequence[float],
         graphed: bool,
         verify_rows: int,
+        draft_length: int,
     ) -> None:
         """One verify pass over a batch of `rounds` requests; probe_scores: the judge score of
         each real probe of the pass; graphed: its draft chain and verify replayed graphs;
-        verify_rows: the window rows it ran (rounds x N)."""
+        verify_rows: the window rows it ran (rounds x N); draft_length: L x rounds."""
         counts = dict(
             requests=new_requests, rounds=rounds, verify_passes=1, graph_passes=int(graphed),
-            verify_rows=verify_rows, draft_tokens=draft_tokens,
+            verify_rows=verify_rows, draft_length=draft_length, draft_tokens=draft_tokens,
             accepted_exact=exact, accepted_judged=judged, judge_probes=len(probe_scores),
         )  # fmt: skip
         for name, increment in counts.items():
@@ -143,6 +151,7 @@ class ServerTotals:
             "tokens_per_verify_pass": _ratio(emitted, self.verify_passes),
             "draft_tokens_per_round": _ratio(self.draft_tokens, self.rounds),
             "verify_rows_per_round": _ratio(self.verify_rows, self.rounds),
+            "mean_draft_length": _ratio(self.draft_length, self.rounds),
             "acceptance_rate": _ratio(accepted, self.draft_tokens),
             "judged_share": _ratio(self.accepted_judged, accepted),
         }
@@ -170,9 +179,10 @@ def record_round_stats(totals: ServerTotals, reqs, window, result, graphed: bool
     new_requests = 0
     for i, req in enumerate(reqs):
         probes = probe_round(window, result, i) if RETURN_PROBE_SCORES in req.parse_request.outputs else None
-        new_requests += record_round(req, draft_lens[i], exact[i], judged[i], probe_counts[i], probes)
+        new_requests += record_round(req, window.shape.draft_len, draft_lens[i], exact[i], judged[i], probe_counts[i],
+                                     probes)  # fmt: skip
     totals.add_pass(new_requests, len(reqs), sum(draft_lens), sum(exact), sum(judged), scores, graphed,
-                    len(reqs) * window.shape.rows)  # fmt: skip
+                    len(reqs) * window.shape.rows, len(reqs) * window.shape.draft_len)  # fmt: skip
 
 
 def probe_round(window, result, i: int) -> dict:

@@ -17,6 +17,12 @@ an `EagleDraftWorker`) configured for that chain, and runs
 The draft never runs draft-extend: its KV pool is un-shifted over the target's slots (slot
 p holds the draft's KV of token p), and the prompt is prefilled by the worker.
 
+An adaptive server drafts at several lengths (tiers, parse_sglang/adaptive.py): each tier L
+has its own chain of L + 2 steps, with its own multi-step attention backend, topk=1 chain
+buffers and graphs (`ChainTier`, all kept: a captured graph reads its buffers at their
+addresses), and `draft(..., length)` runs the tier's. Tier 0 runs one draft forward: it writes
+c_n's draft KV, so a later round can draft again.
+
 Greedy requests draft the argmax. Where drafts are sampled (`samples`: the server's judge is
 on, so that samples of one prompt do not share the draft's argmax text as their judged spans,
 or `--speculative-use-rejection-sampling` is on, whose rule needs the draft's distribution), a
@@ -34,6 +40,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from dataclasses import dataclass
+from typing import Optional, Sequence
 
 import torch
 from sglang.srt.managers.schedule_batch import ScheduleBatch
@@ -65,6 +73,17 @@ def sampled_proposals(samples: bool):
         get_context().override("parse.draft_chain", speculative_use_rejection_sampling=False)
 
 
+@dataclass
+class ChainTier:
+    """What the chain of one draft length L runs with (kept for the life of the worker)."""
+
+    steps: int  # L + 2 (tier 0: two, of which only the first runs a forward: c_n's draft KV)
+    parents: Optional[torch.Tensor] = None  # SGLang's topk=1 chain buffers for this step count
+    score_indices: Optional[torch.Tensor] = None
+    backend: object = None  # the multi-step draft attention backend
+    graphs: object = None  # its EAGLEDraftCudaGraphRunner (None: eager)
+
+
 class DraftChain(StandaloneDraftWorker):
     """The draft model and its multi-step decode (see the module docstring)."""
 
@@ -74,47 +93,59 @@ class DraftChain(StandaloneDraftWorker):
         gpu_id: int,
         nccl_port: int,
         target_worker: TpModelWorker,
-        draft_budget: int,
+        lengths: Sequence[int],
         samples: bool,
     ):
         """SGLang's STANDALONE draft worker (its own model, on the target's TP group, its own
-        KV pool over the target's slots), set to the L + 2 steps of PARSE's chain; `samples`:
-        sampled requests draft by sampling (module docstring)."""
+        KV pool over the target's slots), set to PARSE's chain of L + 2 steps for each draft
+        length L in `lengths`; `samples`: sampled requests draft by sampling (module docstring)."""
         super().__init__(server_args, gpu_id, nccl_port, target_worker)
         self.samples = samples
-        self.speculative_num_steps = draft_budget + 2
-        self.speculative_num_draft_tokens = draft_budget + 3  # topk=1: steps + 1
-        self._rebuild_topk1_chain_buffers()
-        self.draft_attn_backend = None
-        self.cuda_graph_runner = None
+        self.tiers = {L: ChainTier(steps=L + 2) for L in lengths}
+        for L in self.tiers:
+            self._use(L)
+            self._rebuild_topk1_chain_buffers()
+            self.tiers[L].parents, self.tiers[L].score_indices = (
+                self._topk1_parents_prealloc, self._topk1_score_indices_prealloc)  # fmt: skip
         self._no_proposal = None  # [max_bs, V] zeros: the q of c_n, which no one drafted
 
+    def _use(self, length: int) -> ChainTier:
+        """Make the chain of draft length `length` the one SGLang's code runs."""
+        tier = self.tiers[length]
+        self.speculative_num_steps = tier.steps
+        self.speculative_num_draft_tokens = tier.steps + 1  # topk=1: steps + 1
+        self._topk1_parents_prealloc, self._topk1_score_indices_prealloc = tier.parents, tier.score_indices
+        self.draft_attn_backend = self.draft_runner.draft_attn_backend = tier.backend
+        self.cuda_graph_runner = tier.graphs
+        return tier
+
     def init_attention_backend(self):
-        """Only the multi-step decode backend: the draft's prefill keeps the runner's own
-        backend (no draft-extend backend replaces it, as EAGLE's would)."""
-        factory = DraftBackendFactory(self.draft_runner, self.topk, self.speculative_num_steps)
-        self.draft_attn_backend = factory.create_decode_backend()
-        self.draft_runner.draft_attn_backend = self.draft_attn_backend
+        """Only the multi-step decode backend, per tier: the draft's prefill keeps the runner's
+        own backend (no draft-extend backend replaces it, as EAGLE's would)."""
+        for length, tier in self.tiers.items():
+            self._use(length)
+            tier.backend = DraftBackendFactory(self.draft_runner, self.topk, tier.steps).create_decode_backend()
 
     def _capture_cuda_graphs(self):
-        """SGLang's draft-decode CUDA graph of the whole chain, one per captured batch size,
+        """SGLang's draft-decode CUDA graph of the whole chain, per tier and captured batch size,
         exactly where the target's verify pass is graphed too; never a draft-extend graph."""
-        self.cuda_graph_runner = None
         if self.target_worker.model_runner.decode_cuda_graph_runner is None:
             return
         from sglang.srt.speculative.eagle_draft_cuda_graph_runner import EAGLEDraftCudaGraphRunner
 
-        with sampled_proposals(self.samples):  # also captures the greedy variant an all-greedy batch replays
-            self.cuda_graph_runner = EAGLEDraftCudaGraphRunner(self, speculative_num_steps=self.speculative_num_steps)
-        logger.info("PARSE draft chain of %d steps captured as CUDA graphs", self.speculative_num_steps - 1)
+        for length, tier in self.tiers.items():
+            self._use(length)
+            with sampled_proposals(self.samples):  # also captures the greedy variant an all-greedy batch replays
+                tier.graphs = EAGLEDraftCudaGraphRunner(self, speculative_num_steps=tier.steps)
+        logger.info("PARSE draft chains captured as CUDA graphs, draft lengths %s", sorted(self.tiers))
 
-    def draft(self, batch: ScheduleBatch, last_tokens: torch.Tensor):
-        """(draft_tokens [bs, L+2] c_n, d_1 .. d_{L+1} from each request's committed KV,
-        proposals [bs, L+2, V] (q of each token, c_n's zero; None for an all-greedy batch),
-        whether the chain ran as a graph replay).
+    def draft(self, batch: ScheduleBatch, last_tokens: torch.Tensor, length: int):
+        """(draft_tokens [bs, L+2] c_n, d_1 .. d_{L+1} from each request's committed KV, proposals [bs, L+2, V] (q of each token, c_n's zero; None for an all-greedy
+        batch), whether the chain ran as a graph replay), at draft length L = `length`.
 
         batch.seq_lens must be the committed lengths P; leaves batch.out_cache_loc and
         batch.spec_info set to the draft's (the worker overwrites both for the verify)."""
+        self._use(length)
         bs = last_tokens.shape[0]
         draft_input = EagleDraftInput(
             topk_p=torch.ones(bs, 1, dtype=torch.float32, device=self.device),

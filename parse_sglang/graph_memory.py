@@ -4,13 +4,14 @@ SGLang's graph runners size their static buffers for the widest batch they captu
 PARSE verify batch is wide: max_bs requests x N_max rows. At startup (main process, once the
 server arguments are resolved) this module computes, logs and bounds what that costs:
 
-- the target verify graph's FlashInfer KV-index buffer: max_bs * N_max * context_len int32
-  (SGLang sizes it as if every verify row could read a whole context), and where the window
-  has probe rows, the same for the chain-only verify graph (max_bs * (L + 1) * context_len int32;
-  a batch in which no request probes replays it);
+- the target verify graphs' FlashInfer KV-index buffers: max_bs * N * context_len int32 for
+  each captured window width N (SGLang sizes them as if every verify row could read a whole
+  context): N_max, the chain-only L + 1 where the window has probe rows (a batch in which no
+  request probes replays it), and with adaptive draft lengths both widths of every tier;
 - PARSE's FULL custom-mask buffer, reserved once and written in place every round
   (`attention.window.FullMaskBuffer`): at most max_bs * N_max * (context_len + N_max) bytes;
-- the draft chain's multi-step KV-index buffer: (L + 2) * max_bs * context_len int32;
+- the draft chains' multi-step KV-index buffers: (L + 2) * max_bs * context_len int32 per draft
+  length L (one, or one per adaptive tier);
 - the graphs' shared logits buffer, fp32 x vocabulary: max_bs * (L + 1 + K_max) rows, the rows
   PARSE reads (scheduler_patches/verify_graph.py; SGLang alone would reserve max_bs * N_max).
 
@@ -31,19 +32,14 @@ class GraphReservations:
     max_bs: int
     window_rows: int  # N_max
     read_rows: int  # L + 1 + K_max
-    draft_steps: int  # L + 2
+    verify_widths: tuple[int, ...]  # every captured verify width N (N_max among them)
+    draft_steps: tuple[int, ...]  # L + 2 of every draft chain
     context_len: int
     vocab_size: int
 
     @property
-    def chain_rows(self) -> int:
-        """L + 1: the chain-only verify width (captured too where N_max has probe rows)."""
-        return self.draft_steps - 1
-
-    @property
     def verify_kv_indices(self) -> int:
-        widths = self.window_rows + (self.chain_rows if self.chain_rows < self.window_rows else 0)
-        return self.max_bs * widths * self.context_len * 4
+        return self.max_bs * sum(self.verify_widths) * self.context_len * 4
 
     @property
     def verify_custom_mask(self) -> int:
@@ -51,7 +47,7 @@ class GraphReservations:
 
     @property
     def draft_kv_indices(self) -> int:
-        return self.draft_steps * self.max_bs * self.context_len * 4
+        return sum(self.draft_steps) * self.max_bs * self.context_len * 4
 
     @property
     def logits(self) -> int:

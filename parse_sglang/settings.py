@@ -33,6 +33,7 @@ DEFAULT_DELIMITERS = ("\n", ". ", "? ", "! ")
 AFTER_REJECTION_POLICIES = ("redraft", "target_to_delimiter")
 VERIFY_WINDOWS = ("auto", "fixed", "variable")
 JUDGE_MODES = ("probe", "likelihood", "both")
+DEFAULT_TIERS = (0, 4, 8, 16, 32)  # adaptive draft lengths, up to L (and L itself)
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,12 @@ class ParseConfig:
         CUDA graph replays), "variable" the batch's own probe count (fewer rows, but an
         eager verify on a GPU whenever it is below K_max), "auto" fixed exactly when the
         target's decode CUDA graph is captured. Server-wide.
+    adaptive: each round's L chosen among `adaptive_tiers` by measured cost and the acceptance
+        seen (parse_sglang/adaptive.py); off: every round drafts L. Server-wide.
+    adaptive_tiers: the draft lengths an adaptive server chooses among (0: a plain decode step);
+        empty: DEFAULT_TIERS up to L, and L. Server-wide.
+    cost_table: a JSON file `python -m parse_sglang.profile_cost` wrote: the adaptive server's
+        costs, fixed (empty: measured from its own rounds). Server-wide.
     """
 
     draft_budget: int = 32
@@ -67,6 +74,9 @@ class ParseConfig:
     likelihood_threshold: float = 0.5
     after_rejection: str = "redraft"
     verify_window: str = "auto"
+    adaptive: bool = False
+    adaptive_tiers: tuple[int, ...] = ()
+    cost_table: str = ""
 
     def __post_init__(self):
         _check_int("draft_budget", self.draft_budget, 1, 1024)
@@ -92,6 +102,16 @@ class ParseConfig:
             )
         if self.verify_window not in VERIFY_WINDOWS:
             raise ValueError(f"verify_window={self.verify_window!r} is invalid: allowed is one of {VERIFY_WINDOWS}")
+        if not isinstance(self.adaptive, bool):
+            raise ValueError(f"adaptive={self.adaptive!r} is invalid: allowed is true or false")
+        tiers = self.adaptive_tiers
+        if isinstance(tiers, (str, bytes)) or not isinstance(tiers, (list, tuple)) or not all(
+            isinstance(t, int) and not isinstance(t, bool) and 0 <= t <= 1024 for t in tiers
+        ):
+            raise ValueError(f"adaptive_tiers={tiers!r} is invalid: allowed is a list of integers in [0, 1024]")
+        object.__setattr__(self, "adaptive_tiers", tuple(sorted(set(tiers))))
+        if not isinstance(self.cost_table, str):
+            raise ValueError(f"cost_table={self.cost_table!r} is invalid: allowed is a file path (a string)")
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any], base: "ParseConfig | None" = None) -> "ParseConfig":
@@ -116,6 +136,14 @@ class ParseConfig:
     @property
     def uses_likelihood(self) -> bool:
         return self.judge and self.judge_mode != "probe"
+
+    @property
+    def tiers(self) -> tuple[int, ...]:
+        """The draft lengths this server's rounds run at: L alone, or the adaptive tiers."""
+        if not self.adaptive:
+            return (self.draft_budget,)
+        chosen = self.adaptive_tiers or tuple(t for t in DEFAULT_TIERS if t < self.draft_budget)
+        return tuple(sorted(set(chosen) | {self.draft_budget}))
 
     def to_dict(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in self.field_names()}
@@ -175,9 +203,17 @@ def server_parse_config(server_args, num_steps: Optional[int]) -> ParseConfig:
             )
         values["draft_budget"] = num_steps
     try:
-        return ParseConfig.from_dict(values)
+        config = ParseConfig.from_dict(values)
     except ValueError as err:
         raise ValueError(f"--parse-config (Engine parse_config=): {err}") from None
+    beyond = [t for t in config.adaptive_tiers if t > config.draft_budget]
+    if beyond:
+        raise ValueError(
+            f"--parse-config (Engine parse_config=): adaptive_tiers={list(config.adaptive_tiers)} is invalid: "
+            f"{beyond} exceed the draft budget L={config.draft_budget} (--speculative-num-steps); allowed are "
+            f"integers in [0, {config.draft_budget}]"
+        )
+    return config
 
 
 def _request_values(custom_params: Optional[Mapping[str, Any]]) -> Optional[Mapping[str, Any]]:
@@ -257,19 +293,31 @@ def judge_probe_for(tokenizer_path: str, question: str, trust_remote_code: bool 
     return build_judge_probe(target_tokenizer(tokenizer_path, trust_remote_code), question)
 
 
-def max_probes(config: ParseConfig) -> int:
-    """K_max: the most boundaries `select_boundaries` returns for a draft of L tokens —
-    interior segment ends at least probe_stride apart (all < L), plus the draft's end."""
-    if not config.uses_probe:
+def max_probes(config: ParseConfig, draft_len: Optional[int] = None) -> int:
+    """K_max: the most boundaries `select_boundaries` returns for a draft of L tokens (L: the
+    config's, or `draft_len`) — interior segment ends at least probe_stride apart (all < L),
+    plus the draft's end."""
+    length = config.draft_budget if draft_len is None else draft_len
+    if not config.uses_probe or length < 1:
         return 0
-    return (config.draft_budget - 1) // config.probe_stride + 1
+    return (length - 1) // config.probe_stride + 1
 
 
-def fixed_window_shape(config: ParseConfig, suffix_len: int) -> WindowShape:
-    """The largest window a request may need in a round: L chain rows after c_n, K_max
-    probes of m rows (what a fixed window always has, and a CUDA graph captures)."""
-    probes = max_probes(config)
-    return WindowShape(config.draft_budget, probes, suffix_len if probes else 0)
+def fixed_window_shape(config: ParseConfig, suffix_len: int, draft_len: Optional[int] = None) -> WindowShape:
+    """The largest window a request may need in a round drafting L tokens (the config's L, or
+    `draft_len`): L chain rows after c_n, K_max probes of m rows (what a fixed window always
+    has, and a CUDA graph captures)."""
+    length = config.draft_budget if draft_len is None else draft_len
+    probes = max_probes(config, length)
+    return WindowShape(length, probes, suffix_len if probes else 0)
+
+
+def window_shapes(config: ParseConfig, suffix_len: int) -> list[WindowShape]:
+    """Every window shape a round of this server can have with a fixed window: per tier, the
+    chain alone (no request probes) and, where the server probes, K_max probes."""
+    shapes = {WindowShape(L, 0, 0) for L in config.tiers}
+    shapes |= {fixed_window_shape(config, suffix_len, L) for L in config.tiers}
+    return sorted(shapes, key=lambda s: (s.draft_len, s.num_probes))
 
 
 def verify_window_max(config: ParseConfig, suffix_len: int) -> int:

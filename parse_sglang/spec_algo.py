@@ -36,7 +36,7 @@ from parse_sglang.scheduler_patches import (
     verify_graph,
 )
 from parse_sglang.scheduler_patches.verify_graph import capturing_window
-from parse_sglang.settings import fixed_window_shape, judge_probe_for, server_parse_config
+from parse_sglang.settings import fixed_window_shape, judge_probe_for, server_parse_config, window_shapes
 
 logger = logging.getLogger(__name__)
 
@@ -122,6 +122,12 @@ def validate_parse_server_args(sa) -> None:
         _refuse("SGLANG_ENABLE_METADATA_GLUE_GRAPH", True, "unset or 0 (PARSE plans its verify on the host every round)")
     if config.uses_probe:  # fails here, at startup, if the chat template yields no judge probe
         judge_probe_for(sa.tokenizer_path or sa.model_path, config.judge_question, bool(sa.trust_remote_code))
+    if config.cost_table:  # and here if the cost table cannot be read
+        from parse_sglang.adaptive import CostTable
+
+        if not config.adaptive:
+            _refuse("--parse-config cost_table", config.cost_table, 'unset unless "adaptive": true')
+        CostTable.load(config.cost_table)
 
 
 def _check_draft_vocabulary(sa) -> None:
@@ -195,14 +201,18 @@ class ParseSpecAlgo(CustomSpecAlgo):
         return None
 
 
+def _suffix_len(cfg, config) -> int:
+    """m, the judge suffix's tokens (0 without the probe), of the server settings `cfg`."""
+    if not config.uses_probe:
+        return 0
+    tokenizer_path = cfg.tokenizer_path or cfg.model_path
+    return len(judge_probe_for(tokenizer_path, config.judge_question, bool(cfg.trust_remote_code)).suffix_ids)
+
+
 def _window_shape(cfg, server_args):
     """The fixed window (K_max probes) of the server settings `cfg` (a resolving view)."""
     config = server_parse_config(server_args, cfg.speculative_num_steps)
-    suffix_len = 0
-    if config.uses_probe:
-        tokenizer_path = cfg.tokenizer_path or cfg.model_path
-        suffix_len = len(judge_probe_for(tokenizer_path, config.judge_question, bool(cfg.trust_remote_code)).suffix_ids)
-    return fixed_window_shape(config, suffix_len)
+    return fixed_window_shape(config, _suffix_len(cfg, config))
 
 
 def _bound_graph_memory(sa, config, graph_max_bs) -> None:
@@ -211,12 +221,14 @@ def _bound_graph_memory(sa, config, graph_max_bs) -> None:
     from sglang.srt.utils.hf_transformers import get_config, get_context_length, get_hf_text_config
 
     text_config = get_hf_text_config(get_config(sa.model_path, bool(sa.trust_remote_code), sa.revision))
-    shape = _window_shape(sa, sa)
+    suffix_len = _suffix_len(sa, config)
+    shape = fixed_window_shape(config, suffix_len)
     reservations = GraphReservations(
         max_bs=min(graph_max_bs or sa.max_running_requests, sa.max_running_requests),
         window_rows=shape.rows,
         read_rows=shape.read_rows,
-        draft_steps=config.draft_budget + 2,
+        verify_widths=tuple(s.rows for s in window_shapes(config, suffix_len)),
+        draft_steps=tuple(length + 2 for length in config.tiers),
         context_len=sa.context_length or get_context_length(text_config),
         vocab_size=text_config.vocab_size,
     )

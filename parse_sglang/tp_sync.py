@@ -69,6 +69,14 @@ class TpSync:
             return plan if self.is_source else dataclasses.replace(plan, drafts=_neighbours(plan.drafts))
         return self._share(plan, PLAN_FIELDS, self.group.cpu_group)
 
+    def share_length(self, length: int) -> int:
+        """Rank 0's draft length of the round (an adaptive server's choice): one broadcast over
+        the CPU group, before the draft (its window shape must be every rank's)."""
+        if not self.enabled:
+            return length
+        (shared,) = broadcast_packed([torch.tensor([length])], self.group.ranks[0], self.group.cpu_group)
+        return int(shared[0])
+
     def share_accepted(self, accepted):
         """Rank 0's acceptance decisions (`acceptance.Accepted`, device tensors): one broadcast
         over the device group."""

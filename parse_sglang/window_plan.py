@@ -128,7 +128,7 @@ def place_probes(drafts_host: torch.Tensor, policies: Sequence[RequestPolicy], t
     bounds = torch.zeros(bs, length, dtype=torch.int64)
     limits = []
     for i, (row, n, p) in enumerate(zip(rows, draft_lens, policies)):
-        if p.judged:
+        if p.judged and n:
             found = select_boundaries(texts(row[:n]), p.config.probe_stride, p.config.delimiters)
             bounds[i, : len(found)] = torch.tensor(found)
         limits.append(length if p.phase is None else phase_limit(texts, p.phase, row[:n], p.config))

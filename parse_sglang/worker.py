@@ -24,6 +24,9 @@ Conventions this worker keeps with SGLang's scheduler (sync V2 schema, no overla
   fixed shape (K_max probes, N_max rows) whenever the target's decode CUDA graph can replay
   it (`verify_window` "auto"), else the batch's own probe count; a batch in which no request
   probes verifies only its L+1 chain rows (captured as a graph of its own).
+- The round's L is the server's, or with `adaptive` the tier `adaptive.AdaptiveDraftLength`
+  chooses for the batch (tier 0: a plain decode step), from the costs it measured at the
+  round's host/device crossings and the acceptance it saw.
 - Output: `next_token_ids` is [bs * (L+1)], request i's emitted tokens d_1..d_a, t_a at
   i*(L+1) .. i*(L+1)+a; `accept_lens` = a + 1 (bonus included).
 - The exact part of acceptance is SGLang's own chain verification (`eagle_sample` on the
@@ -37,8 +40,8 @@ Conventions this worker keeps with SGLang's scheduler (sync V2 schema, no overla
 
 from __future__ import annotations
 
-import dataclasses
 import logging
+import time
 from dataclasses import dataclass
 
 import torch
@@ -56,13 +59,23 @@ from sglang.srt.speculative.eagle_utils import default_tree_mask_mode, eagle_sam
 from sglang.srt.speculative.spec_utils import GrammarTree, build_grammar_vocab_mask
 
 from parse_sglang.acceptance import Accepted, accept_lengths, bonus_tokens, round_result
+from parse_sglang.adaptive import AdaptiveDraftLength, CostTable
 from parse_sglang.attention.window import FullMaskBuffer
 from parse_sglang.boundaries import TokenTexts
 from parse_sglang.counters import ServerTotals, record_round_stats
 from parse_sglang.draft_chain import DraftChain
 from parse_sglang.judge import answer_columns, judge_window
 from parse_sglang.scheduler_patches.verify_graph import VerifyGraphs
-from parse_sglang.settings import ParseConfig, judge_probe_for, max_probes, server_parse_config, target_tokenizer, verify_window_max
+from parse_sglang.settings import (
+    ParseConfig,
+    fixed_window_shape,
+    judge_probe_for,
+    max_probes,
+    server_parse_config,
+    target_tokenizer,
+    verify_window_max,
+    window_shapes,
+)
 from parse_sglang.target_phase import update_target_phases
 from parse_sglang.tp_sync import TpSync
 from parse_sglang.verify_input import shape_constants
@@ -136,9 +149,16 @@ class ParseWorker(BaseSpecWorker):
         self.verify_graphs = VerifyGraphs(self.model_runner)
         self.rejection_sampling = spec.speculative_use_rejection_sampling
         self._draft_worker = DraftChain(
-            server_args, gpu_id, nccl_port, target_worker, self.config.draft_budget,
+            server_args, gpu_id, nccl_port, target_worker, self.config.tiers,
             samples=self.config.judge or self.rejection_sampling,
         )  # fmt: skip
+        self.adaptive = None
+        if self.config.adaptive:
+            costs = CostTable.load(self.config.cost_table) if self.config.cost_table else CostTable()
+            self.adaptive = AdaptiveDraftLength(self.config.tiers, costs)
+            logger.info("PARSE adaptive draft length, tiers %s; costs %s:\n%s", list(self.config.tiers),
+                        "loaded from " + self.config.cost_table if costs.fixed else "measured online", costs.describe())
+        self._clock = {}  # the round's host times at its crossings (adaptive costs)
         self.totals = ServerTotals()  # get_server_info()'s "parse" entry
         self.tp = TpSync.of_tp_group()  # rank 0's plan and decisions on every TP rank
         logger.info(
@@ -158,7 +178,8 @@ class ParseWorker(BaseSpecWorker):
         """One PARSE round for every request of a decode batch (DESIGN.md §1, steps 1-9)."""
         committed = Committed.of(batch, self.device)
         policies = [request_policy(req, self.config) for req in batch.reqs]
-        drafts, proposals, draft_graphed = self._draft(batch, committed)  # 1. d_1..d_L (and their q)
+        length = self._draft_length(batch.reqs, policies)  # L: the server's, or the adaptive tier
+        drafts, proposals, draft_graphed = self._draft(batch, committed, length)  # 1. d_1..d_L (and their q)
         window = self._plan_window(committed, drafts, policies)  # 2.-5. boundaries, probes, mask
         chain_logits, probe_logits, verify_graphed = self._verify(batch, committed, window)  # 6. ONE forward
         accepted = self._accept(batch, committed, window, chain_logits, probe_logits, proposals)  # 7.-8.
@@ -167,27 +188,42 @@ class ParseWorker(BaseSpecWorker):
         self._record(batch.reqs, window, accepted, graphed)  # counters, target phases
         return self._result(batch, committed, window, accepted, chain_logits, graphed)  # 9. SGLang commits
 
-    def _draft(self, batch: ScheduleBatch, committed: Committed):
+    def _draft_length(self, reqs, policies) -> int:
+        """The round's L: the server's, or the tier the adaptive controller chooses (rank 0's
+        on a tensor-parallel server: its costs are its own measurements)."""
+        self._clock = {"start": time.perf_counter()}
+        if self.adaptive is None:
+            return self.config.draft_budget
+        probes = self.probe is not None and any(p.judged and p.config.uses_probe for p in policies)
+
+        def rows_of(length: int) -> int:
+            return fixed_window_shape(self.config, len(self.probe.suffix_ids) if probes else 0, length).rows
+
+        return self.tp.share_length(self.adaptive.choose(reqs, policies, rows_of))
+
+    def _draft(self, batch: ScheduleBatch, committed: Committed, length: int):
         """[bs, L] draft d_1..d_L from c_n (`DraftChain`: L+1 draft decode steps), their
         proposal distributions [bs, L, V] (None for an all-greedy batch), and whether the
         chain ran as one graph replay."""
         self._set_lengths(batch, committed)
-        chain, proposals, graphed = self._draft_worker.draft(batch, committed.last_tokens)
-        steps = slice(1, 1 + self.config.draft_budget)
+        chain, proposals, graphed = self._draft_worker.draft(batch, committed.last_tokens, length)
+        steps = slice(1, 1 + length)
         return chain[:, steps], (proposals[:, steps] if proposals is not None else None), graphed
 
     def _plan_window(self, committed: Committed, drafts: torch.Tensor, policies) -> Window:
         """Boundaries per request (the drafts' one trip to the host), then one device-built
         window for all of them (the plan's one trip to the device)."""
+        drafts_host = drafts.cpu()
+        self._clock["drafts"] = time.perf_counter()
         return plan_window(
-            drafts_host=drafts.cpu(),
+            drafts_host=drafts_host,
             last_tokens=committed.last_tokens,
             prefix_lens=committed.seq_lens,
             prefix_sum=int(committed.seq_lens_cpu.sum()),
             policies=policies,
             texts=self.texts,
             suffix_ids=self.suffix_ids,
-            fixed_probes=max_probes(self.config) if self._fixed_window() else None,
+            fixed_probes=max_probes(self.config, drafts.shape[1]) if self._fixed_window() else None,
             constants=self.constants,
             mask_buffer=self.mask_buffer,
             share=self.tp.share_plan,  # TP: rank 0's drafts and boundaries on every rank
@@ -257,13 +293,18 @@ class ParseWorker(BaseSpecWorker):
         rows = chain_logits.gather(1, accepted[:, None, None].expand(-1, 1, chain_logits.shape[-1])).squeeze(1)
         own_bonus = bonus_tokens(batch.sampling_info, rows, committed.seq_lens + accepted)
         bonus = torch.where(accepted > exact, own_bonus, exact_bonus)
-        emitted = torch.cat([drafts, torch.zeros_like(drafts[:, :1])], dim=1)
+        emitted = torch.nn.functional.pad(drafts, (0, 1))
         emitted.scatter_(1, accepted[:, None], bonus[:, None])
         return Accepted(emitted, accepted, torch.minimum(exact, accepted), verdict)
 
     def _record(self, reqs, window: Window, accepted: Accepted, graphed: bool) -> None:
-        """The round's result on the host (its one copy back): counters, then target phases."""
+        """The round's result on the host (its one copy back): counters, target phases, and
+        what the adaptive controller learns (the round's costs, each request's acceptance)."""
         result = round_result(accepted)
+        if self.adaptive is not None:
+            clock, done = self._clock, time.perf_counter()
+            self.adaptive.observe(reqs, window.shape.draft_len, window.shape.rows, window.plan, result,
+                                  clock["drafts"] - clock["start"], done - clock["drafts"])  # fmt: skip
         record_round_stats(self.totals, reqs, window, result, graphed)
         update_target_phases(
             self.texts, reqs, window.configs, window.plan.judged.tolist(), window.plan.draft_lens.tolist(),
@@ -346,10 +387,18 @@ class ParseWorker(BaseSpecWorker):
             logger.info("PARSE FULL-mask buffer: %.1f MiB", capacity / 2**20)
 
     def init_cuda_graphs(self):
-        """The draft chain's graphs; then, where the target's verify graph is captured at the
-        probe width, the chain-only width too (a batch in which no request probes)."""
+        """The draft chain's graphs; then, where the target's verify graph is captured, one per
+        other window shape a round can have (`settings.window_shapes`: per draft length, the
+        chain alone and with K_max probes)."""
         super().init_cuda_graphs()
-        self.verify_graphs.capture(self.config)
+        self.verify_graphs.capture(window_shapes(self.config, len(self.probe.suffix_ids) if self.probe else 0))
+
+    def server_state(self) -> dict:
+        """get_server_info()'s "parse" entry: the totals, and an adaptive server's cost table."""
+        state = self.totals.summary()
+        if self.adaptive is not None:
+            state["cost_table"] = self.adaptive.costs.to_json()
+        return state
 
     @property
     def spec_v2_attn_backends(self) -> tuple:

@@ -27,21 +27,23 @@ class _Exporter:
 
 def test_request_and_server_counters_agree():
     reqs, totals = [_Req(), _Req()], ServerTotals()
-    rounds = [  # per pass: (draft tokens, exact, judged, judge probes) per request, probe scores
-        ([(4, 2, 1, 2), (4, 0, 0, 1)], [0.9, 0.1, 0.2]),
-        ([(4, 4, 0, 0), (3, 1, 2, 2)], [0.6, 0.7]),
+    rounds = [  # per pass: its L, (draft tokens, exact, judged, judge probes) per request, probe scores
+        (4, [(4, 2, 1, 2), (4, 0, 0, 1)], [0.9, 0.1, 0.2]),
+        (8, [(4, 4, 0, 0), (3, 1, 2, 2)], [0.6, 0.7]),
     ]
-    for per_req, scores in rounds:
-        new = sum(record_round(req, *counts, None) for req, counts in zip(reqs, per_req))
-        totals.add_pass(new, len(reqs), *(sum(c[k] for c in per_req) for k in range(3)), scores, graphed=True, verify_rows=2 * 9)
+    for length, per_req, scores in rounds:
+        new = sum(record_round(req, length, *counts, None) for req, counts in zip(reqs, per_req))
+        totals.add_pass(new, len(reqs), *(sum(c[k] for c in per_req) for k in range(3)), scores, graphed=True,
+                        verify_rows=2 * 9, draft_length=2 * length)  # fmt: skip
     stats = [req.customized_info[counters.STATS_KEY][0] for req in reqs]
-    assert stats[0] == dict(zip(COUNTERS, (2, 8, 6, 1, 2))) and stats[1] == dict(zip(COUNTERS, (2, 7, 1, 2, 3)))
+    assert stats[0] == dict(zip(COUNTERS, (2, 12, 8, 6, 1, 2))) and stats[1] == dict(zip(COUNTERS, (2, 12, 7, 1, 2, 3)))
     assert totals.requests == 2 and totals.verify_passes == totals.graph_passes == 2 and totals.rounds == 4
-    for name in ("draft_tokens", "accepted_exact", "accepted_judged", "judge_probes"):
+    for name in ("draft_length", "draft_tokens", "accepted_exact", "accepted_judged", "judge_probes"):
         assert getattr(totals, name) == sum(s[name] for s in stats), name
     summary = totals.summary()
     assert summary["emitted_tokens"] == 10 + 4 and summary["tokens_per_round"] == 14 / 4
     assert summary["judged_share"] == 3 / 10 and summary["verify_rows_per_round"] == 2 * 2 * 9 / 4
+    assert summary["mean_draft_length"] == (2 * 4 + 2 * 8) / 4
 
 
 def test_exporter_receives_every_pass(monkeypatch):
@@ -49,11 +51,11 @@ def test_exporter_receives_every_pass(monkeypatch):
     monkeypatch.setattr(counters, "_exporter", None)
     counters.export_to(exporter)
     totals = ServerTotals()
-    totals.add_pass(2, 2, 8, 3, 1, [0.25, 0.75], graphed=True, verify_rows=18)
-    totals.add_pass(0, 1, 4, 4, 0, [], graphed=False, verify_rows=5)
+    totals.add_pass(2, 2, 8, 3, 1, [0.25, 0.75], graphed=True, verify_rows=18, draft_length=8)
+    totals.add_pass(0, 1, 4, 4, 0, [], graphed=False, verify_rows=5, draft_length=4)
     assert [counts for counts, _ in exporter.passes] == [
-        dict(zip(TOTALS, (2, 2, 1, 1, 18, 8, 3, 1, 2))),
-        dict(zip(TOTALS, (0, 1, 1, 0, 5, 4, 4, 0, 0))),
+        dict(zip(TOTALS, (2, 2, 1, 1, 18, 8, 8, 3, 1, 2))),
+        dict(zip(TOTALS, (0, 1, 1, 0, 5, 4, 4, 4, 0, 0))),
     ]
     assert exporter.passes[0][1] == [0.25, 0.75]
     assert set(exporter.passes[0][0]) == set(TOTALS)

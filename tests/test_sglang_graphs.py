@@ -114,16 +114,26 @@ def test_graph_reservations_of_the_design_example():
     plus the chain-only verify graph's KV indices (33 rows), with the logits buffer cut to the
     37 rows PARSE reads per request."""
     from parse_sglang.graph_memory import MIB, GraphReservations
+    from parse_sglang.settings import window_shapes
 
-    r = GraphReservations(max_bs=48, window_rows=125, read_rows=37, draft_steps=34, context_len=40960, vocab_size=151936)
+    def reservations(config: ParseConfig, suffix_len: int) -> GraphReservations:
+        widths = tuple(s.rows for s in window_shapes(config, suffix_len))
+        return GraphReservations(max_bs=48, window_rows=max(widths), read_rows=37 if suffix_len else 33,
+                                 verify_widths=widths, draft_steps=tuple(L + 2 for L in config.tiers),
+                                 context_len=40960, vocab_size=151936)  # fmt: skip
+
+    r = reservations(ParseConfig(draft_budget=32, probe_stride=8), suffix_len=23)
     n_max_indices, chain_indices = 983_040_000, 259_522_560  # 48 x 125 (33) rows x 40,960 x 4 bytes
     assert r.verify_kv_indices == n_max_indices + chain_indices and round(r.verify_custom_mask / 1e6) == 247
     assert round(r.logits_unpruned / 1e9, 1) == 3.6 and round(r.logits / 1e9, 2) == 1.08
     assert r.total == 1_242_562_560 + 246_510_000 + 267_386_880 + 1_079_353_344
     assert f"{r.total / MIB:.0f} MiB" in r.describe()
-    chain_only = GraphReservations(max_bs=48, window_rows=33, read_rows=33, draft_steps=34, context_len=40960,
-                                   vocab_size=151936)  # a server without probes captures one width
-    assert chain_only.verify_kv_indices == chain_indices
+    lossless = reservations(ParseConfig(draft_budget=32, judge=False), suffix_len=0)  # one width: no probes
+    assert lossless.verify_kv_indices == chain_indices
+    # Adaptive tiers 0/4/8/16/32: widths 1, 5+23, 5, 9+23, 9, 17+46, 17, 33 and 125; chains of 2..34 steps.
+    adaptive = reservations(ParseConfig(draft_budget=32, probe_stride=8, adaptive=True), suffix_len=23)
+    assert adaptive.verify_kv_indices == 48 * (1 + 28 + 5 + 32 + 9 + 63 + 17 + 125 + 33) * 40960 * 4
+    assert adaptive.draft_kv_indices == (2 + 6 + 10 + 18 + 34) * 48 * 40960 * 4
 
 
 def test_startup_refuses_graph_reservations_beyond_headroom(tiny_pair, cpu_runtime):

@@ -80,7 +80,7 @@ def test_round_metadata_cost_does_not_grow_with_context(tmp_path, cpu_runtime):
     tokenizer = build_tokenizer(tmp_path)
     torch.manual_seed(0)
     drafts_host = torch.randint(0, len(tokenizer), (BATCH, DRAFT))
-    policy = RequestPolicy(ParseConfig(draft_budget=DRAFT, probe_stride=STRIDE), DRAFT, True, False, frozenset())
+    policy = RequestPolicy(ParseConfig(draft_budget=DRAFT, probe_stride=STRIDE), DRAFT, True, frozenset())
     rows = 1 + DRAFT + 4 * SUFFIX
     planner = OfflineRound(tokenizer, policy, BATCH, SUFFIX, rows, max(CONTEXTS), "meta")
     planner.plan(drafts_host, CONTEXTS[0], fixed_probes=DRAFT // STRIDE)  # per-shape constants, made once

@@ -38,8 +38,8 @@ class WindowShape:
     suffix_len: int
 
     def __post_init__(self):
-        if self.draft_len < 1 or self.num_probes < 0 or self.suffix_len < 0:
-            raise ValueError(f"{self}: needs draft_len >= 1, num_probes >= 0, suffix_len >= 0")
+        if self.draft_len < 0 or self.num_probes < 0 or self.suffix_len < 0:
+            raise ValueError(f"{self}: needs draft_len >= 0, num_probes >= 0, suffix_len >= 0")
         if self.num_probes and not self.suffix_len:
             raise ValueError(f"{self}: probes need a judge suffix of >= 1 token")
 

@@ -5,7 +5,7 @@ speculative algorithm, "accept len: X" (tokens per request-round over those batc
 after it, on the same rank, this patch logs PARSE's view of the same batches and the totals:
 
     PARSE last 40 decode batches: 95 rounds, accept len 3.12 = 1 + 1.50 exact + 0.62 judged
-        per round, 380 draft tokens, 120 judge probes | since start: 16 requests, 310 rounds,
+        per round, mean L 4.0, 380 draft tokens, 120 judge probes | since start: 16 requests, 310 rounds,
         946 tokens, accept len 3.05, acceptance rate 0.52, judged share 0.19, 402 judge probes
 
 (one line). "accept len" is computed from PARSE's counters (`parse_sglang/counters.py`: one
@@ -49,7 +49,8 @@ def totals_line(now: ServerTotals, before: ServerTotals, batches: int) -> str:
     return (
         f"PARSE last {batches} decode batches: {step.rounds} rounds, accept len {per_round['tokens_per_round']:.2f} "
         f"= 1 + {step.accepted_exact / rounds:.2f} exact + {step.accepted_judged / rounds:.2f} judged per round, "
-        f"{step.draft_tokens} draft tokens, {step.judge_probes} judge probes | since start: {now.requests} "
+        f"mean L {per_round['mean_draft_length']:.1f}, {step.draft_tokens} draft tokens, {step.judge_probes} judge "
+        f"probes | since start: {now.requests} "
         f"requests, {now.rounds} rounds, {total['emitted_tokens']} tokens, accept len {total['tokens_per_round']:.2f}, "
         f"acceptance rate {total['acceptance_rate']:.2f}, judged share {total['judged_share']:.2f}, "
         f"{now.judge_probes} judge probes"

@@ -5,6 +5,8 @@ Metrics, with the labels of SGLang's own scheduler metrics (model_name, engine_t
     sglang:parse_requests_total          requests that ran at least one PARSE round
     sglang:parse_rounds_total            request-rounds
     sglang:parse_verify_passes_total     target verify forwards (one per batch round)
+    sglang:parse_draft_length_total      the draft lengths L of the request-rounds, summed (/ rounds:
+                                         the mean L, an adaptive server's mean tier)
     sglang:parse_draft_tokens_total      draft tokens verified
     sglang:parse_accepted_exact_total    draft tokens accepted by exact match
     sglang:parse_accepted_judged_total   draft tokens accepted because the judge said yes
@@ -50,6 +52,7 @@ DOCS = {
     "verify_passes": "PARSE target verify forwards (one per batch round).",
     "graph_passes": "PARSE batch rounds whose draft chain and verify pass both replayed CUDA graphs.",
     "verify_rows": "Window rows PARSE's verify passes ran (requests x N = 1 + L + K*m each).",
+    "draft_length": "Draft lengths L of PARSE's request-rounds, summed (divided by the rounds: the mean L).",
     "draft_tokens": "Draft tokens PARSE verified.",
     "accepted_exact": "Draft tokens PARSE accepted because the target would have emitted them (exact match).",
     "accepted_judged": "Draft tokens PARSE accepted beyond the exact match because the judge said yes.",

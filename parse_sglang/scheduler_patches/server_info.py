@@ -2,7 +2,8 @@
 
 Per scheduler, `Engine.get_server_info()["internal_states"][i]["parse"]` (HTTP `/server_info`
 likewise) is the PARSE worker's `ServerTotals.summary()`: counts since startup and the averages
-derived from them (shape: `parse_sglang/counters.py`).
+derived from them (shape: `parse_sglang/counters.py`), and on an adaptive server its measured
+cost table (`cost_table`: what `python -m parse_sglang.profile_cost` writes).
 
 What it changes: an AFTER hook on SGLang's
 `SchedulerInternalStateController._add_speculative` (which adds `avg_spec_accept_length`)
@@ -27,10 +28,11 @@ STATE_KEY = "parse"
 
 
 def add_parse_state(result, controller, state):
-    """AFTER hook: state["parse"] = the PARSE worker's totals."""
-    totals = getattr(controller.scheduler.draft_worker, "totals", None)
-    if isinstance(totals, ServerTotals):
-        state[STATE_KEY] = totals.summary()
+    """AFTER hook: state["parse"] = the PARSE worker's state (its totals, and an adaptive
+    server's cost table)."""
+    worker = controller.scheduler.draft_worker
+    if isinstance(getattr(worker, "totals", None), ServerTotals):
+        state[STATE_KEY] = worker.server_state()
     return result
 
 

@@ -19,10 +19,11 @@ request (PARSE answers N_max, spec_algo.py) but has no PARSE input to capture wi
 window itself has a fixed shape in "auto" mode whenever the graph is captured
 (worker._fixed_window), so the captured logits rows are the ones every replay reads.
 
-`VerifyGraphs` adds, for a server whose window has probe rows, a second runner captured at
-the chain-only width L + 1 (a batch in which no request probes verifies only its chain rows),
-built the way SGLang's adaptive-steps runtime states build theirs (a runner with its own
-attention backend), and swaps `ModelRunner.decode_cuda_graph_runner` for the round's shape.
+`VerifyGraphs` adds a runner for every other window shape a round can have (`settings.
+window_shapes`: the chain-only width L + 1, for a batch in which no request probes, and with
+adaptive draft lengths each tier's widths), built the way SGLang's adaptive-steps runtime
+states build theirs (a runner with its own attention backend), and swaps
+`ModelRunner.decode_cuda_graph_runner` for the round's shape.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from sglang.srt.plugins.hook_registry import HookType
 
 from parse_sglang.attention.window import WindowShape
 from parse_sglang.scheduler_patches import register_hooks_once
-from parse_sglang.settings import ALGORITHM, ParseConfig
+from parse_sglang.settings import ALGORITHM
 
 logger = logging.getLogger(__name__)
 
@@ -125,9 +126,9 @@ def read_rows_capacity(rows: int, runner, max_num_tokens: int) -> int:
 
 class VerifyGraphs:
     """The target's verify graph runners by window shape: SGLang's own (captured at the
-    server's fixed window) and, for a server whose window has probe rows, the chain-only
-    width; `replaying(shape)` makes the runner of a round's shape the one the target's
-    forward replays (None: that shape runs eagerly)."""
+    server's fixed window) and one per other shape a round can have; `replaying(shape)` makes
+    the runner of a round's shape the one the target's forward replays (None: that shape runs
+    eagerly)."""
 
     def __init__(self, model_runner):
         self.model_runner = model_runner
@@ -137,30 +138,28 @@ class VerifyGraphs:
     def captured(self) -> bool:
         return bool(self.runners)
 
-    def capture(self, config: ParseConfig) -> None:
-        """After SGLang captured the target's graphs: its runner, then the chain-only runner
-        (width L + 1) where SGLang's has probe rows."""
+    def capture(self, shapes) -> None:
+        """After SGLang captured the target's graphs (at the server's fixed window): its
+        runner, then one for each other of `shapes`."""
         default = self.model_runner.decode_cuda_graph_runner
         if default is None:
             return
         self.runners[_parse_window(self.model_runner.spec_algorithm, False)] = default
-        chain = WindowShape(config.draft_budget, 0, 0)
-        if chain in self.runners:
-            return
         from sglang.srt.model_executor.runner.decode_cuda_graph_runner import DecodeCudaGraphRunner
 
         runner = self.model_runner
-        token = _capturing.set(chain)
-        workspace = runner.init_new_workspace
-        try:
-            backend = runner._get_attention_backend(init_new_workspace=True)
-            self.runners[chain] = DecodeCudaGraphRunner(
-                runner, attn_backend=backend, speculative_num_draft_tokens=chain.rows
-            )
-        finally:
-            runner.init_new_workspace = workspace
-            _capturing.reset(token)
-        logger.info("PARSE verify graph captured at the chain-only width %d as well", chain.rows)
+        for shape in (s for s in shapes if s not in self.runners):
+            token = _capturing.set(shape)
+            workspace = runner.init_new_workspace
+            try:
+                backend = runner._get_attention_backend(init_new_workspace=True)
+                self.runners[shape] = DecodeCudaGraphRunner(
+                    runner, attn_backend=backend, speculative_num_draft_tokens=shape.rows
+                )
+            finally:
+                runner.init_new_workspace = workspace
+                _capturing.reset(token)
+        logger.info("PARSE verify graphs captured at widths %s", sorted(s.rows for s in self.runners))
 
     @contextlib.contextmanager
     def replaying(self, shape: WindowShape):
