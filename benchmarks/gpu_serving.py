@@ -96,6 +96,8 @@ COLUMNS (one JSON object per row with --json; the table shows the main ones)
   verify_ms                 round_ms - (server_L + 1) * draft_step_ms: one verify pass (plus the
                             round's host work), PARSE rows
   verify_rows_per_round     PARSE's verify-window rows per request-round (server counters)
+  mean_L                    the mean draft length L of the call's request-rounds (an adaptive
+                            server's tiers; server counters)
   verify_passes, graph_passes   server counter deltas over the timed call (PARSE)
   graph_replayed            graph_passes == verify_passes > 0: every round replayed the draft
                             chain's and the verify's graphs (PARSE rows; null for others, whose
@@ -453,7 +455,8 @@ def measure(engine, pair: Pair, spec: EngineSpec, row: RowSpec, batch: int, max_
     metas = [o["meta_info"] for o in outs]
     completions = [m["completion_tokens"] for m in metas]
     tokens, after_first = sum(completions), sum(c - 1 for c in completions)
-    delta = {k: after.get(k, 0) - before.get(k, 0) for k in ("verify_passes", "graph_passes", "rounds", "verify_rows")}
+    delta = {k: after.get(k, 0) - before.get(k, 0)
+             for k in ("verify_passes", "graph_passes", "rounds", "verify_rows", "draft_length")}
     judged = sum((m.get("parse") or {}).get("accepted_judged", 0) for m in metas)
     if row.mode in PARSE_MODES:
         rounds, request_rounds = delta["verify_passes"], sum((m.get("parse") or {}).get("rounds", 0) for m in metas)
@@ -474,6 +477,7 @@ def measure(engine, pair: Pair, spec: EngineSpec, row: RowSpec, batch: int, max_
         "round_ms": 1000 * decode / rounds if rounds and decode > 0 else None,
         "tokens_per_round": after_first / request_rounds if request_rounds else None,
         "verify_rows_per_round": delta["verify_rows"] / delta["rounds"] if parse_row and delta["rounds"] else None,
+        "mean_L": delta["draft_length"] / delta["rounds"] if parse_row and delta["rounds"] else None,
         "verify_passes": delta["verify_passes"] if parse_row else None,
         "graph_passes": delta["graph_passes"] if parse_row else None,
         "graph_replayed": (delta["verify_passes"] > 0 and delta["graph_passes"] == delta["verify_passes"])

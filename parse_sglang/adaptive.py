@@ -9,10 +9,12 @@ window is c_n alone); every tier has its own draft-chain and verify graphs on a 
 - `CostTable`: seconds of a round's draft part (its start to the drafts on the host) and of the
   rest (plan, verify pass, acceptance, the result on the host) per (tier, verify rows, batch-size
   bucket), measured by the worker from its own rounds at the host/device crossings it has anyway
-  (no extra sync), as a decayed average; a cell's first round is a warm-up (first allocations,
-  kernels compiled on first use) and is not counted. A tier not measured in a bucket is interpolated from
-  the measured ones (draft cost linear in the L + 1 steps, the rest linear in the verify rows);
-  a bucket measured at fewer than two tiers explores (the longest tier, then tier 0). A table
+  (no extra sync), as the median of its last `SAMPLES` rounds; a cell's first round is a warm-up
+  (first allocations, kernels compiled on first use) and is not counted. A tier not measured in a bucket is interpolated from
+  the measured ones (draft cost linear in the L + 1 steps, the rest linear in the verify rows), and a
+  bucket with too few cells borrows the nearest bucket's (a profiled table covers batch 1, 8 and 32);
+  a bucket measured at fewer than two tiers explores (the longest tier, then tier 0, each for
+  `EXPLORE_SAMPLES` rounds after its warm-up). A table
   written by `python -m parse_sglang.profile_cost` can be loaded instead (`cost_table`): it is
   then fixed, and the choice a deterministic function of the acceptance seen.
 - `Acceptance` (per request, seeded by the server's pooled estimate): decayed counts of draft
@@ -29,7 +31,7 @@ window is c_n alone); every tier has its own draft-chain and verify graphs on a 
 from __future__ import annotations
 
 import json
-import math
+import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional, Sequence
@@ -37,7 +39,8 @@ from typing import Optional, Sequence
 DECAY = 0.8  # weight of the past, per round of a request
 POOLED_DECAY = 0.98  # weight of the past, per request-round, of the server's pooled estimate
 PRIOR_WEIGHT = 2.0  # rounds' worth of the pooled estimate a new request starts with
-COST_DECAY = 0.8  # weight of the past, per measurement of a cost cell
+SAMPLES = 5  # a cost cell is the median of its last SAMPLES rounds (robust to a busy machine's spikes)
+EXPLORE_SAMPLES = 3  # rounds a bucket measures its first two tiers on before it chooses
 PROBE_AFTER, PROBE_AFTER_MAX = 8, 256
 
 
@@ -71,29 +74,38 @@ class CostTable:
     draft: dict = field(default_factory=dict)  # (bucket, L) -> seconds to the drafts on the host
     rest: dict = field(default_factory=dict)  # (bucket, verify rows) -> seconds to the result on the host
     fixed: bool = False
-    _warm: set = field(default_factory=set)  # cells whose warm-up round has run
+    _samples: dict = field(default_factory=dict)  # (cells, key) -> [warm-up, the last SAMPLES seconds]
 
     def observe(self, batch_size: int, tier: int, rows: int, draft_s: float, rest_s: float) -> None:
         if self.fixed:
             return
         b = bucket(batch_size)
         for cells, key, value in ((self.draft, (b, tier), draft_s), (self.rest, (b, rows), rest_s)):
-            if (id(cells), key) not in self._warm:
-                self._warm.add((id(cells), key))
+            samples = self._samples.setdefault((id(cells), key), [])
+            samples.append(value)
+            if len(samples) == 1:  # the warm-up round: not counted
                 continue
-            old = cells.get(key)
-            cells[key] = value if old is None else COST_DECAY * old + (1 - COST_DECAY) * value
+            del samples[1 : max(1, len(samples) - SAMPLES)]  # the warm-up marker and the last SAMPLES rounds
+            cells[key] = statistics.median(samples[1:])
 
     def cost(self, batch_size: int, tier: int, rows: int) -> Optional[float]:
-        """Seconds of a round at this tier and verify rows; None where it cannot be estimated yet."""
+        """Seconds of a round at this tier and verify rows, from the batch's bucket or, where
+        that cannot estimate it, the nearest bucket that can (the larger on a tie); None where
+        no bucket can yet."""
         b = bucket(batch_size)
-        draft = _interpolate({L + 1: s for (bb, L), s in self.draft.items() if bb == b}, tier + 1)
-        rest = _interpolate({r: s for (bb, r), s in self.rest.items() if bb == b}, rows)
-        return None if draft is None or rest is None else draft + rest
+        for bb in sorted({bb for bb, _ in self.draft} | {b}, key=lambda bb: (abs(bb.bit_length() - b.bit_length()), -bb)):
+            draft = _interpolate({L + 1: s for (c, L), s in self.draft.items() if c == bb}, tier + 1)
+            rest = _interpolate({r: s for (c, r), s in self.rest.items() if c == bb}, rows)
+            if draft is not None and rest is not None:
+                return draft + rest
+        return None
 
     def measured_tiers(self, batch_size: int) -> set[int]:
+        """Tiers whose draft cost in this bucket rests on at least EXPLORE_SAMPLES rounds (all
+        of a loaded table's)."""
         b = bucket(batch_size)
-        return {L for (bb, L) in self.draft if bb == b}
+        return {L for (bb, L) in self.draft if bb == b and (
+            self.fixed or len(self._samples.get((id(self.draft), (bb, L)), ())) > EXPLORE_SAMPLES)}
 
     def to_json(self) -> dict:
         return {

@@ -194,6 +194,7 @@ def probe_round(window, result, i: int) -> dict:
         return [[b, v] for b, v in zip(bounds, values[i].tolist())] if values is not None and used else []
 
     return {
+        "length": window.shape.draft_len,  # the round's L (the adaptive tier)
         "draft": plan.drafts[i, : plan.draft_lens[i]].tolist(),
         "accepted": result.lengths[i],
         "exact": result.exact_tokens[i],

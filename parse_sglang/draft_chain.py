@@ -20,8 +20,8 @@ p holds the draft's KV of token p), and the prompt is prefilled by the worker.
 An adaptive server drafts at several lengths (tiers, parse_sglang/adaptive.py): each tier L
 has its own chain of L + 2 steps, with its own multi-step attention backend, topk=1 chain
 buffers and graphs (`ChainTier`, all kept: a captured graph reads its buffers at their
-addresses), and `draft(..., length)` runs the tier's. Tier 0 runs one draft forward: it writes
-c_n's draft KV, so a later round can draft again.
+addresses), and `draft(..., length)` runs the tier's. Tier 0 (a plain decode step) has no
+chain: the worker skips the draft and extends it over the skipped tokens when drafting resumes.
 
 Greedy requests draft the argmax. Where drafts are sampled (`samples`: the server's judge is
 on, so that samples of one prompt do not share the draft's argmax text as their judged spans,
@@ -77,7 +77,7 @@ def sampled_proposals(samples: bool):
 class ChainTier:
     """What the chain of one draft length L runs with (kept for the life of the worker)."""
 
-    steps: int  # L + 2 (tier 0: two, of which only the first runs a forward: c_n's draft KV)
+    steps: int  # L + 2
     parents: Optional[torch.Tensor] = None  # SGLang's topk=1 chain buffers for this step count
     score_indices: Optional[torch.Tensor] = None
     backend: object = None  # the multi-step draft attention backend

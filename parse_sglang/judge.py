@@ -200,7 +200,8 @@ def token_probabilities(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Ten
     flat = logits.reshape(-1, logits.shape[-1])
     picked = flat.gather(1, tokens.reshape(-1, 1).to(torch.int64)).squeeze(1).float()
     step = max(1, _LOGSUMEXP_ELEMENTS // flat.shape[1])
-    norm = torch.cat([torch.logsumexp(flat[i : i + step].float(), dim=-1) for i in range(0, flat.shape[0], step)])
+    starts = range(0, max(flat.shape[0], 1), step)  # one (empty) chunk for a round without drafts
+    norm = torch.cat([torch.logsumexp(flat[i : i + step].float(), dim=-1) for i in starts])
     return torch.exp(picked - norm).view(tokens.shape)
 
 
@@ -208,6 +209,8 @@ def likelihood_scores(token_probs: torch.Tensor, boundaries: torch.Tensor) -> to
     """[B, K] the smallest target probability among d_1..d_{b_k} (0 where b_k is padding).
 
     token_probs [B, L]: p_j = P_target(d_j | c_n d_1..d_{j-1}); boundaries [B, K] (0-padded)."""
+    if token_probs.shape[1] == 0:  # a round without drafts (an adaptive server's tier 0)
+        return torch.zeros(boundaries.shape, device=boundaries.device)
     running_min = token_probs.float().cummin(dim=1).values
     picked = running_min.gather(1, (boundaries - 1).clamp(min=0))
     return torch.where(boundaries > 0, picked, torch.zeros_like(picked))

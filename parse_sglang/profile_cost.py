@@ -5,8 +5,8 @@ tier and batch size on this machine, print the table, and write it for `cost_tab
         [--parse-config JSON] [--tiers 0 4 8 16 32] [--batch 1 8 32] [--max-new-tokens 48]
         [--out costs.json] [--engine-arg KEY=VALUE ...]
 
-For each tier t one adaptive engine with tiers {t, L} serves batches of concurrent requests of
-each size; its worker measures its own rounds (`adaptive.CostTable`: the first round of a cell
+For each tier t one adaptive engine whose only tier is t (L = t; for tier 0, L = 1 and tiers
+{0, 1}: L >= 1) serves batches of concurrent requests of each size; its worker measures its own rounds (`adaptive.CostTable`: the first round of a cell
 is a warm-up, not counted) and reports the table through `get_server_info()`; the tables are
 merged (a cell measured by several engines: the last). Then
 
@@ -50,9 +50,10 @@ def profile(engine_kwargs: dict, config: ParseConfig, batches: Sequence[int], ma
     merged = CostTable()
     sampling = {"temperature": 0.0, "max_new_tokens": max_new_tokens, "ignore_eos": True}
     for tier in config.tiers:
-        tier_config = ParseConfig.from_dict({"adaptive": True, "adaptive_tiers": [tier], "cost_table": ""}, base=config)
-        engine = sglang.Engine(**engine_kwargs, **parse_engine_kwargs(engine_kwargs["speculative_draft_model_path"],
-                                                                       tier_config))  # fmt: skip
+        values = {"adaptive": True, "adaptive_tiers": [tier], "cost_table": "", "draft_budget": max(tier, 1)}
+        tier_config = ParseConfig.from_dict(values, base=config)
+        engine = sglang.Engine(**{**engine_kwargs, **parse_engine_kwargs(engine_kwargs["speculative_draft_model_path"],
+                                                                          tier_config)})  # fmt: skip
         try:
             for batch in batches:
                 engine.generate([PROMPT] * batch, sampling)

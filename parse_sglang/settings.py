@@ -145,6 +145,11 @@ class ParseConfig:
         chosen = self.adaptive_tiers or tuple(t for t in DEFAULT_TIERS if t < self.draft_budget)
         return tuple(sorted(set(chosen) | {self.draft_budget}))
 
+    @property
+    def chain_lengths(self) -> tuple[int, ...]:
+        """The draft lengths with a draft chain (tier 0 skips the draft)."""
+        return tuple(t for t in self.tiers if t > 0)
+
     def to_dict(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in self.field_names()}
 

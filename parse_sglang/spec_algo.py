@@ -228,7 +228,7 @@ def _bound_graph_memory(sa, config, graph_max_bs) -> None:
         window_rows=shape.rows,
         read_rows=shape.read_rows,
         verify_widths=tuple(s.rows for s in window_shapes(config, suffix_len)),
-        draft_steps=tuple(length + 2 for length in config.tiers),
+        draft_steps=tuple(length + 2 for length in config.chain_lengths),
         context_len=sa.context_length or get_context_length(text_config),
         vocab_size=text_config.vocab_size,
     )

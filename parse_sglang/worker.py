@@ -15,7 +15,9 @@ Conventions this worker keeps with SGLang's scheduler (sync V2 schema, no overla
 - The draft has its own KV pool over the same slots, un-shifted: slot p holds the draft's
   KV of token p. Its L+1 decode steps per round (inputs c_n, d_1..d_L) run as SGLang's
   EAGLE topk=1 chain (`draft_chain.DraftChain`: one CUDA-graph replay on a GPU), so its KV
-  exists for every slot that can become committed and no draft re-extend is needed.
+  exists for every slot that can become committed and no draft re-extend is needed; only an
+  adaptive server's tier-0 rounds skip the draft, and the round that drafts again first
+  extends the draft over the tokens they committed (`_catch_up_draft`).
 - Host and device meet three times a round (DESIGN.md §9): the drafts come to the host (their
   text places the boundaries), the round's plan goes to the device as one packed tensor
   (`window_plan`), and after acceptance its result comes back as one packed tensor
@@ -25,7 +27,7 @@ Conventions this worker keeps with SGLang's scheduler (sync V2 schema, no overla
   it (`verify_window` "auto"), else the batch's own probe count; a batch in which no request
   probes verifies only its L+1 chain rows (captured as a graph of its own).
 - The round's L is the server's, or with `adaptive` the tier `adaptive.AdaptiveDraftLength`
-  chooses for the batch (tier 0: a plain decode step), from the costs it measured at the
+  chooses for the batch (tier 0: a plain decode step, the draft idle), from the costs it measured at the
   round's host/device crossings and the acceptance it saw.
 - Output: `next_token_ids` is [bs * (L+1)], request i's emitted tokens d_1..d_a, t_a at
   i*(L+1) .. i*(L+1)+a; `accept_lens` = a + 1 (bonus included).
@@ -40,6 +42,7 @@ Conventions this worker keeps with SGLang's scheduler (sync V2 schema, no overla
 
 from __future__ import annotations
 
+import copy
 import logging
 import time
 from dataclasses import dataclass
@@ -149,7 +152,7 @@ class ParseWorker(BaseSpecWorker):
         self.verify_graphs = VerifyGraphs(self.model_runner)
         self.rejection_sampling = spec.speculative_use_rejection_sampling
         self._draft_worker = DraftChain(
-            server_args, gpu_id, nccl_port, target_worker, self.config.tiers,
+            server_args, gpu_id, nccl_port, target_worker, self.config.chain_lengths,
             samples=self.config.judge or self.rejection_sampling,
         )  # fmt: skip
         self.adaptive = None
@@ -204,11 +207,57 @@ class ParseWorker(BaseSpecWorker):
     def _draft(self, batch: ScheduleBatch, committed: Committed, length: int):
         """[bs, L] draft d_1..d_L from c_n (`DraftChain`: L+1 draft decode steps), their
         proposal distributions [bs, L, V] (None for an all-greedy batch), and whether the
-        chain ran as one graph replay."""
+        chain ran as one graph replay. At L = 0 (an adaptive server's tier 0) the draft does
+        not run: the tokens it missed are extended into its KV when drafting resumes."""
         self._set_lengths(batch, committed)
+        if length == 0:
+            for req in batch.reqs:
+                req.parse_draft_behind = getattr(req, "parse_draft_behind", 0) + 1  # c_n has no draft KV
+            bs, chain = len(batch.reqs), self._draft_worker
+            sampled = chain.samples and not batch.sampling_info.is_all_greedy  # as the chain's q: [bs, 0, V]
+            vocab = self.draft_runner.model_config.vocab_size
+            proposals = torch.empty((bs, 0, vocab), device=self.device) if sampled else None
+            return committed.last_tokens.new_empty((bs, 0)), proposals, True
+        self._catch_up_draft(batch, committed)
         chain, proposals, graphed = self._draft_worker.draft(batch, committed.last_tokens, length)
         steps = slice(1, 1 + length)
         return chain[:, steps], (proposals[:, steps] if proposals is not None else None), graphed
+
+    def _catch_up_draft(self, batch: ScheduleBatch, committed: Committed) -> None:
+        """One draft extend over the committed tokens whose draft KV tier-0 rounds skipped (the
+        last `parse_draft_behind` before c_n; at least one per request, so that every request
+        extends: rewriting a token's draft KV is harmless). Only a round that resumes drafting
+        pays it, like a small prefill (its tokens and slots in one host-to-device copy, and the
+        extend metadata SGLang builds)."""
+        behind = [getattr(req, "parse_draft_behind", 0) for req in batch.reqs]
+        if not any(behind):
+            return
+        ends = committed.seq_lens_cpu.tolist()
+        lens = [max(b, 1) for b in behind]
+        tokens, positions, owners = [], [], []
+        for i, (req, end, n) in enumerate(zip(batch.reqs, ends, lens)):
+            filled = req.origin_input_ids + req.output_ids  # P + 1 tokens, the last is c_n
+            tokens += filled[len(filled) - 1 - n : len(filled) - 1]
+            positions += range(end - n, end)
+            owners += [i] * n
+        tokens, positions, owners = torch.tensor([tokens, positions, owners], dtype=torch.int64).to(self.device)
+        extend = copy.copy(batch)
+        extend.forward_mode = ForwardMode.EXTEND
+        extend.input_ids = tokens
+        extend.out_cache_loc = self.req_to_token_pool.req_to_token[committed.rows[owners], positions].to(torch.int64)
+        extend.prefix_lens = [end - n for end, n in zip(ends, lens)]
+        extend.extend_lens = lens
+        extend.extend_num_tokens = sum(lens)
+        extend.extend_logprob_start_lens = list(lens)
+        extend.return_logprob = False
+        extend.spec_info = None
+        forward_batch = ForwardBatch.init_new(
+            extend, self.draft_runner, capture_hidden_mode=CaptureHiddenMode.NULL, return_hidden_states_before_norm=False
+        )
+        forward_batch.return_logprob = False
+        self.draft_runner.forward(forward_batch)
+        for req in batch.reqs:
+            req.parse_draft_behind = 0
 
     def _plan_window(self, committed: Committed, drafts: torch.Tensor, policies) -> Window:
         """Boundaries per request (the drafts' one trip to the host), then one device-built
@@ -349,6 +398,8 @@ class ParseWorker(BaseSpecWorker):
         )
         forward_batch.return_logprob = False
         self.draft_runner.forward(forward_batch)
+        for req in batch.reqs:
+            req.parse_draft_behind = 0  # a prefill (or a retracted request's re-prefill) covers every token
         result.new_seq_lens = batch.seq_lens
         result.next_draft_input = next_round_input(result.next_token_ids)
         return result

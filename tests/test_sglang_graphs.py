@@ -119,7 +119,7 @@ def test_graph_reservations_of_the_design_example():
     def reservations(config: ParseConfig, suffix_len: int) -> GraphReservations:
         widths = tuple(s.rows for s in window_shapes(config, suffix_len))
         return GraphReservations(max_bs=48, window_rows=max(widths), read_rows=37 if suffix_len else 33,
-                                 verify_widths=widths, draft_steps=tuple(L + 2 for L in config.tiers),
+                                 verify_widths=widths, draft_steps=tuple(L + 2 for L in config.chain_lengths),
                                  context_len=40960, vocab_size=151936)  # fmt: skip
 
     r = reservations(ParseConfig(draft_budget=32, probe_stride=8), suffix_len=23)
@@ -130,10 +130,11 @@ def test_graph_reservations_of_the_design_example():
     assert f"{r.total / MIB:.0f} MiB" in r.describe()
     lossless = reservations(ParseConfig(draft_budget=32, judge=False), suffix_len=0)  # one width: no probes
     assert lossless.verify_kv_indices == chain_indices
-    # Adaptive tiers 0/4/8/16/32: widths 1, 5+23, 5, 9+23, 9, 17+46, 17, 33 and 125; chains of 2..34 steps.
+    # Adaptive tiers 0/4/8/16/32: widths 1, 5+23, 5, 9+23, 9, 17+46, 17, 33 and 125; chains of 6..34
+    # steps (tier 0 has none: its rounds skip the draft).
     adaptive = reservations(ParseConfig(draft_budget=32, probe_stride=8, adaptive=True), suffix_len=23)
     assert adaptive.verify_kv_indices == 48 * (1 + 28 + 5 + 32 + 9 + 63 + 17 + 125 + 33) * 40960 * 4
-    assert adaptive.draft_kv_indices == (2 + 6 + 10 + 18 + 34) * 48 * 40960 * 4
+    assert adaptive.draft_kv_indices == (6 + 10 + 18 + 34) * 48 * 40960 * 4
 
 
 def test_startup_refuses_graph_reservations_beyond_headroom(tiny_pair, cpu_runtime):

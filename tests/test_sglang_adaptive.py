@@ -1,0 +1,132 @@
+"""The adaptive draft length on real SGLang engines (CPU): outputs stay the target's while the
+tiers switch; a useless draft is driven to tier 0 and a draft identical to the target to the
+longest tier within a few rounds (a pinned cost table: the choices are then deterministic); the
+profiling command writes a table a server loads."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from conftest import BATCH_PROMPTS, hf_greedy
+from parse_sglang.adaptive import EXPLORE_SAMPLES, CostTable, bucket
+from parse_sglang.demo import parse_engine_kwargs
+from parse_sglang.profile_cost import main as profile_cost_main
+from parse_sglang.settings import ParseConfig
+from support.tiny_models import build_model
+
+pytestmark = pytest.mark.sglang
+
+MAX_NEW = 48
+TIERS = (0, 2, 4, 8)  # L = 8
+SCORES = {"parse": {"return_probe_scores": True}}  # each round's entry carries its L ("length")
+
+
+def adaptive(cost_table: str = "", **judge) -> ParseConfig:
+    judge = judge or {"judge": False}
+    return ParseConfig(draft_budget=8, adaptive=True, adaptive_tiers=list(TIERS[:-1]), cost_table=cost_table, **judge)
+
+
+@pytest.fixture(scope="module")
+def target_greedy(hf_target):
+    tokenizer, model = hf_target
+    return {prompt: hf_greedy(model, tokenizer(prompt).input_ids, MAX_NEW) for prompt in BATCH_PROMPTS}
+
+
+@pytest.fixture(scope="module")
+def drafts(tiny_pair, tmp_path_factory):
+    """{"useless": a random-weight draft of the target's shape, "identical": the target's copy}."""
+    root = tmp_path_factory.mktemp("adaptive_drafts")
+    return {"useless": build_model(root / "useless", seed=11), "identical": shutil.copytree(tiny_pair[0], root / "identical")}
+
+
+@pytest.fixture(scope="module")
+def pinned_costs(tmp_path_factory) -> str:
+    """A cost table of a machine where a draft step costs 0.3 of the verify pass (tier 0 skips
+    the draft): a new request's prior (half its draft tokens kept) pays for no tier but 0."""
+    cells = [(b, L) for b in (1, 16) for L in TIERS]
+    table = {
+        "draft": [{"bucket": b, "L": L, "seconds": 0.006 * (L + 1) if L else 0.0} for b, L in cells],
+        "rest": [{"bucket": b, "rows": L + 1, "seconds": 0.02 + 1e-4 * (L + 1)} for b, L in cells],
+    }
+    path = tmp_path_factory.mktemp("costs") / "costs.json"
+    path.write_text(json.dumps(table))
+    return str(path)
+
+
+def serve(engine_factory, target, draft, config):
+    """All of BATCH_PROMPTS at once; (outputs, each request's round lengths, the server's totals)."""
+    with engine_factory(target, **parse_engine_kwargs(draft, config)) as engine:
+        outs = engine.generate(BATCH_PROMPTS, {"max_new_tokens": MAX_NEW, "temperature": 0.0, "custom_params": SCORES})
+        totals = engine.get_server_info()["internal_states"][0]["parse"]
+    lengths = [[r["length"] for r in out["meta_info"]["parse"]["probe_scores"]] for out in outs]
+    for out, per_round in zip(outs, lengths):
+        assert set(per_round) <= set(TIERS), per_round
+        assert out["meta_info"]["parse"]["draft_length"] == sum(per_round)
+        assert out["meta_info"]["parse"]["rounds"] == len(per_round)
+    return outs, lengths, totals
+
+
+def assert_lossless(outs, target_greedy):
+    for prompt, out in zip(BATCH_PROMPTS, outs):
+        assert out["output_ids"] == target_greedy[prompt], prompt
+
+
+def test_lossless_while_tiers_switch(tiny_pair, engine_factory, target_greedy):
+    """Costs measured online: the controller explores (the longest tier, then tier 0) and then
+    chooses; every output is the target's greedy one."""
+    outs, lengths, totals = serve(engine_factory, tiny_pair[0], tiny_pair[1], adaptive())
+    assert_lossless(outs, target_greedy)
+    for per_round in lengths:
+        explored = 1 + EXPLORE_SAMPLES  # a warm-up round, then the counted ones
+        assert per_round[: 2 * explored] == [8] * explored + [0] * explored, per_round
+        assert len(set(per_round)) >= 2
+    assert 0 < totals["mean_draft_length"] < 8
+    measured = {c["L"] for c in totals["cost_table"]["draft"] if c["bucket"] == bucket(len(BATCH_PROMPTS))}
+    assert {0, 8} <= measured
+
+
+def test_useless_draft_runs_tier_zero(tiny_pair, drafts, pinned_costs, engine_factory, target_greedy):
+    """Judged by likelihood at λ = 1 (lossless): tier-0 rounds have nothing to judge."""
+    likelihood = dict(judge_mode="likelihood", likelihood_threshold=1.0)
+    outs, lengths, totals = serve(engine_factory, tiny_pair[0], drafts["useless"], adaptive(pinned_costs, **likelihood))
+    assert_lossless(outs, target_greedy)
+    for per_round in lengths:
+        first_zero = per_round.index(0)
+        assert first_zero <= 4, per_round  # the prior's rounds, then tier 0
+        later = per_round[first_zero:]
+        assert later.count(0) >= 0.85 * len(later), per_round  # only the backed-off re-probes draft
+        assert all(t == 2 for t in later if t), per_round  # a re-probe runs the smallest positive tier
+    assert totals["mean_draft_length"] < 1.0
+
+
+def test_identical_draft_runs_the_longest_tier(tiny_pair, drafts, pinned_costs, engine_factory, target_greedy):
+    """From tier 0 (the prior) to the longest tier as re-probes keep everything; each round that
+    drafts again after tier-0 rounds first extends the draft over the tokens they committed
+    (without that its drafts would miss their KV and not be the target's own tokens)."""
+    outs, lengths, totals = serve(engine_factory, tiny_pair[0], drafts["identical"], adaptive(pinned_costs))
+    assert_lossless(outs, target_greedy)
+    for out, per_round in zip(outs, lengths):
+        rounds = out["meta_info"]["parse"]["probe_scores"]
+        assert [r["accepted"] for r in rounds[:-1]] == per_round[:-1]  # every draft token kept (the last: budget)
+        assert per_round[0] == 0 and any(a == 0 < b for a, b in zip(per_round, per_round[1:])), per_round
+        longest = per_round.index(8)
+        assert longest <= 16, per_round
+        assert per_round[longest:-1] == [8] * (len(per_round) - longest - 1), per_round  # the last: budget
+    assert totals["mean_draft_length"] > 2.0
+
+
+def test_profile_cost_writes_a_table_a_server_loads(tiny_pair, cpu_runtime, tmp_path, capsys):
+    path = tmp_path / "costs.json"
+    argv = ["--model-path", str(tiny_pair[0]), "--draft-model-path", str(tiny_pair[1]), "--num-steps", "2",
+            "--tiers", "2", "--batch", "1", "2", "--max-new-tokens", "12", "--out", str(path),
+            "--parse-config", '{"judge": false}',  # verify rows: L + 1 (the judge's probe adds its suffix)
+            "--engine-arg", "mem_fraction_static=0.5", "--engine-arg", "max_total_tokens=4096"]  # fmt: skip
+    assert profile_cost_main(argv) == 0
+    printed = capsys.readouterr().out
+    table = CostTable.load(str(path))
+    assert table.fixed and set(table.draft) == {(1, 2), (2, 2)} and set(table.rest) == {(1, 3), (2, 3)}
+    assert all(0 < s < 10 for s in [*table.draft.values(), *table.rest.values()])
+    assert table.describe() in printed and f"written: {path}" in printed
