@@ -81,7 +81,8 @@ def validate_parse_server_args(sa) -> None:
         ("--enable-dp-attention", attn_dp_enabled_of(sa), not attn_dp_enabled_of(sa), "off"),
         ("--disaggregation-mode", sa.disaggregation_mode, sa.disaggregation_mode in (None, "null"), '"null"'),
         ("--enable-lora", sa.enable_lora, not sa.enable_lora and not sa.lora_paths, "off (no LoRA adapters)"),
-        ("--speculative-adaptive", sa.speculative_adaptive, not sa.speculative_adaptive, "off"),
+        ("--speculative-adaptive", sa.speculative_adaptive, not sa.speculative_adaptive,
+         'off (EAGLE\'s); PARSE\'s adaptive draft length is --parse-config \'{"adaptive": true}\''),
         ("--enable-multi-layer-eagle", sa.enable_multi_layer_eagle, not sa.enable_multi_layer_eagle, "off"),
         ("--speculative-eagle-topk", sa.speculative_eagle_topk, sa.speculative_eagle_topk in (None, 1), "1 (a chain)"),
         (

@@ -127,6 +127,12 @@ def hf_greedy(model, prompt_ids: list[int], max_new: int, ignore_eos: bool = Fal
     return tokens
 
 
+def target_continuations(hf_target, prompts, max_new: int) -> dict[str, list[int]]:
+    """prompt -> the target's greedy continuation (max_new tokens), from transformers."""
+    tokenizer, model = hf_target
+    return {prompt: hf_greedy(model, tokenizer(prompt).input_ids, max_new) for prompt in prompts}
+
+
 def assert_drafts_are_draft_greedy(outs, prompt_ids, draft) -> int:
     """Every PARSE round's draft (`return_probe_scores` entries) is the draft model's own greedy
     continuation of the tokens committed before that round, as transformers computes it;

@@ -10,7 +10,7 @@ import shutil
 
 import pytest
 
-from conftest import BATCH_PROMPTS, hf_greedy
+from conftest import BATCH_PROMPTS, target_continuations
 from parse_sglang.adaptive import EXPLORE_SAMPLES, CostTable, bucket
 from parse_sglang.demo import parse_engine_kwargs
 from parse_sglang.profile_cost import main as profile_cost_main
@@ -31,8 +31,7 @@ def adaptive(cost_table: str = "", **judge) -> ParseConfig:
 
 @pytest.fixture(scope="module")
 def target_greedy(hf_target):
-    tokenizer, model = hf_target
-    return {prompt: hf_greedy(model, tokenizer(prompt).input_ids, MAX_NEW) for prompt in BATCH_PROMPTS}
+    return target_continuations(hf_target, BATCH_PROMPTS, MAX_NEW)
 
 
 @pytest.fixture(scope="module")

@@ -32,7 +32,7 @@ import pytest
 import torch
 
 import parse_sglang.cpu
-from conftest import BATCH_PROMPTS, hf_greedy, sglang_engine, standalone_kwargs
+from conftest import BATCH_PROMPTS, sglang_engine, standalone_kwargs, target_continuations
 from parse_sglang.attention.layout import indptr_of
 from parse_sglang.attention.packbits import segment_packbits as ours_segment_packbits
 from parse_sglang.attention.paged import paged_prefill_attention
@@ -410,8 +410,7 @@ def run_engine(model_path, requests, *, flashinfer: bool, trace_dir=None, **over
 @pytest.fixture(scope="module")
 def target_greedy(hf_target):
     """prompt -> the target's greedy continuation (MAX_NEW tokens), from transformers."""
-    tokenizer, model = hf_target
-    return {prompt: hf_greedy(model, tokenizer(prompt).input_ids, MAX_NEW) for prompt in BATCH_PROMPTS}
+    return target_continuations(hf_target, BATCH_PROMPTS, MAX_NEW)
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,7 @@ import re
 import pytest
 import torch
 
-from conftest import BATCH_PROMPTS, PROMPTS, engine_kwargs, hf_greedy
+from conftest import BATCH_PROMPTS, PROMPTS, engine_kwargs, target_continuations
 from parse_sglang.settings import ParseConfig
 from parse_sglang.demo import parse_engine_kwargs
 from parse_sglang.counters import COUNTERS
@@ -41,8 +41,7 @@ def greedy(params, **extra):
 @pytest.fixture(scope="module")
 def target_greedy(hf_target):
     """prompt -> the target's greedy continuation (MAX_NEW tokens), from transformers."""
-    tokenizer, model = hf_target
-    return {prompt: hf_greedy(model, tokenizer(prompt).input_ids, MAX_NEW) for prompt in BATCH_PROMPTS}
+    return target_continuations(hf_target, BATCH_PROMPTS, MAX_NEW)
 
 
 @pytest.fixture(scope="module")
@@ -372,8 +371,7 @@ def test_bad_request_settings_are_refused_by_name(judged_engine):
         ({"skip_tokenizer_init": True}, r"--skip-tokenizer-init=True: allowed is off \(the judge reads text\)"),
         ({"enable_return_hidden_states": True}, "--enable-return-hidden-states=True: allowed is off"),
         ({"enable_hierarchical_cache": True}, "--enable-hierarchical-cache=True: allowed is off"),
-        ({"speculative_use_rejection_sampling": True}, "--speculative-use-rejection-sampling=True: allowed is off"),
-        ({"speculative_adaptive": True}, "--speculative-adaptive=True: allowed is off"),
+        ({"speculative_adaptive": True}, r"--speculative-adaptive=True: allowed is off \(EAGLE's\); PARSE's adaptive draft length is --parse-config"),
         ({"speculative_accept_threshold_single": 0.5}, "judge threshold τ is --parse-config"),
     ],
 )
