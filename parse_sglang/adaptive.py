@@ -13,8 +13,9 @@ window is c_n alone); every tier has its own draft-chain and verify graphs on a 
   (first allocations, kernels compiled on first use) and is not counted. A tier not measured in a bucket is interpolated from
   the measured ones (draft cost linear in the L + 1 steps, the rest linear in the verify rows), and a
   bucket with too few cells borrows the nearest bucket's (a profiled table covers batch 1, 8 and 32);
-  a bucket measured at fewer than two tiers explores (the longest tier, then tier 0, each for
-  `EXPLORE_SAMPLES` rounds after its warm-up). A table
+  until some bucket has two measured tiers the server explores (the longest tier, then tier 0,
+  each for `EXPLORE_SAMPLES` rounds after its warm-up); later buckets borrow and then measure
+  whatever tiers they run (a batch shrinking as requests finish passes through several). A table
   written by `python -m parse_sglang.profile_cost` can be loaded instead (`cost_table`): it is
   then fixed, and the choice a deterministic function of the acceptance seen.
 - `Acceptance` (per request, seeded by the server's pooled estimate): decayed counts of draft
@@ -106,6 +107,11 @@ class CostTable:
         b = bucket(batch_size)
         return {L for (bb, L) in self.draft if bb == b and (
             self.fixed or len(self._samples.get((id(self.draft), (bb, L)), ())) > EXPLORE_SAMPLES)}
+
+    def explored(self) -> bool:
+        """Some bucket has two measured tiers (every bucket can then borrow its costs)."""
+        buckets = {b for b, _ in self.draft}
+        return any(len(self.measured_tiers(b)) >= 2 for b in buckets)
 
     def to_json(self) -> dict:
         return {
@@ -208,8 +214,8 @@ class AdaptiveDraftLength:
         rows of the batch at that tier."""
         bs = len(reqs)
         measured = self.costs.measured_tiers(bs)
-        if not self.costs.fixed and len(measured) < 2:  # explore: the longest tier, then tier 0
-            return self.tiers[-1] if self.tiers[-1] not in measured else self.tiers[0]
+        if not self.costs.fixed and len(measured) < 2 and not self.costs.explored():
+            return self.tiers[-1] if self.tiers[-1] not in measured else self.tiers[0]  # the longest, then 0
         if self.tiers[0] == 0 and self._zero_streak >= self._probe_after:
             return min(t for t in self.tiers if t > 0)
         best, best_rate = self.tiers[0], -1.0

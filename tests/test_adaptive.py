@@ -169,6 +169,10 @@ def test_online_costs_explore_the_longest_tier_then_tier_zero():
         controller.costs.observe(1, chosen[-1], rows_of(chosen[-1]), 0.01 * (chosen[-1] + 1), 0.02)
     assert chosen == [32] * (1 + EXPLORE_SAMPLES) + [0] * (1 + EXPLORE_SAMPLES)  # a warm-up round each
     assert controller.costs.measured_tiers(1) == {0, 32}
+    # another bucket borrows them instead of exploring again: its choice is by cost at once
+    # (exploring, it would run the longest tier; by cost, at the prior α = 0.5, tier 0 wins)
+    assert controller.choose([SimpleNamespace() for _ in range(8)], policies(8), rows_of) == 0
+    assert controller.costs.measured_tiers(8) == set() and controller.costs.explored()
 
 
 def test_tier_zero_is_probed_again_with_backoff():
