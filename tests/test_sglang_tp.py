@@ -46,7 +46,9 @@ def greedy(parse: dict) -> dict:
 def serve(tiny_pair, tp_size: int, fault: str | None = None) -> dict:
     """Start a PARSE engine, run the lossless, the judged and the cold sampled batch, shut it
     down; returns {"lossless": [...], "judged": [...], "cold": [...]} of (output_ids, meta_info["parse"])."""
-    cold = {**greedy({"judge": False}), "temperature": 0.001, "top_p": 0.95}
+    # Sampled, yet only the argmax survives top-p: the sampling path with one outcome (a tiny
+    # temperature alone leaves near-tied logits to the coins).
+    cold = {**greedy({"judge": False}), "temperature": 0.7, "top_p": 1e-6}
     batches = {"lossless": greedy({"judge": False}), "judged": greedy({}), "cold": cold}
     with pytest.MonkeyPatch.context() as patch:  # the scheduler processes inherit the environment
         if tp_size > 1:
