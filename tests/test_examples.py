@@ -145,21 +145,42 @@ def offline_example(tiny_pair, tmp_path_factory):
 def server_url(tiny_pair, tmp_path_factory, offline_example):
     """launch_server.md's CPU command on the tiny pair, at 127.0.0.1 and a free port."""
     target, draft = tiny_pair
-    port = free_port()
-    args = [
-        "-m", "parse_sglang.launch_server", "--model-path", str(target),
-        "--speculative-algorithm", "PARSE", "--speculative-draft-model-path", str(draft),
-        "--speculative-num-steps", str(NUM_STEPS), "--parse-config", '{"threshold": 0.5}',
-        "--device", "cpu", "--attention-backend", "torch_native", "--disable-cuda-graph", "--dtype", "float32",
-        "--max-total-tokens", "8192", "--host", "127.0.0.1", "--port", str(port),
-    ]  # fmt: skip
-    server = Example.start(args, tmp_path_factory.mktemp("example_server") / "server.log")
+    for _ in range(3):  # the free port may be taken before the server binds it (the example starts beside it)
+        port = free_port()
+        args = [
+            "-m", "parse_sglang.launch_server", "--model-path", str(target),
+            "--speculative-algorithm", "PARSE", "--speculative-draft-model-path", str(draft),
+            "--speculative-num-steps", str(NUM_STEPS), "--parse-config", '{"threshold": 0.5}',
+            "--device", "cpu", "--attention-backend", "torch_native", "--disable-cuda-graph", "--dtype", "float32",
+            "--max-total-tokens", "8192", "--host", "127.0.0.1", "--port", str(port),
+        ]  # fmt: skip
+        server = Example.start(args, tmp_path_factory.mktemp("example_server") / "server.log")
+        if wait_bound(server, port):
+            break
+        server.stop(grace=60)
+    else:
+        pytest.fail(f"launch_server found its port taken on 3 attempts: {server.log_path}")
     url = f"http://127.0.0.1:{port}"
     try:
         wait_healthy(Server(server.proc, url, server.log_path), timeout=SERVER_START_TIMEOUT)
         yield url
     finally:
         server.stop(grace=60)
+
+
+def wait_bound(server: Example, port: int) -> bool:
+    """Whether launch_server bound its port: False once its log says the port was already in use,
+    True once uvicorn says it runs (or the server exits for another reason, which wait_healthy
+    then reports)."""
+    deadline = time.monotonic() + SERVER_START_TIMEOUT
+    while time.monotonic() < deadline:
+        log = server.log_path.read_text(errors="replace")
+        if "address already in use" in log:
+            return False
+        if f"Uvicorn running on http://127.0.0.1:{port}" in log or server.proc.poll() is not None:
+            return True
+        time.sleep(0.5)
+    return True
 
 
 def documented_requests() -> list[tuple[str, dict]]:
