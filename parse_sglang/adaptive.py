@@ -32,10 +32,14 @@ window is c_n alone); every tier has its own draft-chain and verify graphs on a 
 from __future__ import annotations
 
 import json
+import logging
 import statistics
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional, Sequence
+
+logger = logging.getLogger(__name__)
 
 DECAY = 0.8  # weight of the past, per round of a request
 POOLED_DECAY = 0.98  # weight of the past, per request-round, of the server's pooled estimate
@@ -197,6 +201,16 @@ class AdaptiveDraftLength:
         self.pooled = Acceptance(Survival(1.0, 1.0), Survival(1.0, 1.0))  # α = β = 0.5 before any round
         self._zero_streak = 0
         self._probe_after = PROBE_AFTER
+        self._clock = {}  # this round's host times at its crossings (its measured costs)
+
+    @classmethod
+    def of(cls, config) -> "AdaptiveDraftLength":
+        """The controller of an adaptive server's `ParseConfig`: its tiers, and its cost table
+        (loaded from `cost_table`, else measured online), logged."""
+        costs = CostTable.load(config.cost_table) if config.cost_table else CostTable()
+        logger.info("PARSE adaptive draft length, tiers %s; costs %s:\n%s", list(config.tiers),
+                    "loaded from " + config.cost_table if costs.fixed else "measured online", costs.describe())
+        return cls(config.tiers, costs)
 
     def acceptance(self, req) -> Acceptance:
         estimate = getattr(req, "parse_acceptance", None)
@@ -212,6 +226,7 @@ class AdaptiveDraftLength:
     def choose(self, reqs, policies, rows_of) -> int:
         """The tier of this round: reqs and their `RequestPolicy`s; rows_of(tier) -> the verify
         rows of the batch at that tier."""
+        self._clock = {"start": time.perf_counter()}
         bs = len(reqs)
         measured = self.costs.measured_tiers(bs)
         if not self.costs.fixed and len(measured) < 2 and not self.costs.explored():
@@ -230,6 +245,15 @@ class AdaptiveDraftLength:
             if tokens / cost > best_rate * (1 + 1e-9):
                 best, best_rate = tier, tokens / cost
         return best
+
+    def drafts_on_host(self) -> None:
+        """The round's drafts reached the host: its draft part ends here (`choose` started it)."""
+        self._clock["drafts"] = time.perf_counter()
+
+    def observe_round(self, reqs, tier: int, rows: int, plan, result) -> None:
+        """`observe` with the round's times from the controller's clock (the result is on the host)."""
+        start, drafts = self._clock["start"], self._clock["drafts"]
+        self.observe(reqs, tier, rows, plan, result, drafts - start, time.perf_counter() - drafts)
 
     def observe(self, reqs, tier: int, rows: int, plan, result, draft_s: float, rest_s: float) -> None:
         """After a round: its costs, and each request's acceptance (host plan and result)."""

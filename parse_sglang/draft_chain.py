@@ -14,14 +14,16 @@ an `EagleDraftWorker`) configured for that chain, and runs
   (`FlashInferMultiStepDraftBackend` / Triton, built by SGLang's `DraftBackendFactory`);
 - otherwise the same `draft_forward` eagerly (on CPU: the torch-native multi-step draft
   backend of cpu/torch_native_draft.py), which is what CI executes.
-The draft never runs draft-extend: its KV pool is un-shifted over the target's slots (slot
-p holds the draft's KV of token p), and the prompt is prefilled by the worker.
+The draft's KV pool is un-shifted over the target's slots (slot p holds the draft's KV of
+token p): the prompt is prefilled over the target's slots (`prefill`), and no draft-extend
+graph or backend exists.
 
 An adaptive server drafts at several lengths (tiers, parse_sglang/adaptive.py): each tier L
 has its own chain of L + 2 steps, with its own multi-step attention backend, topk=1 chain
 buffers and graphs (`ChainTier`, all kept: a captured graph reads its buffers at their
 addresses), and `draft(..., length)` runs the tier's. Tier 0 (a plain decode step) has no
-chain: the worker skips the draft and extends it over the skipped tokens when drafting resumes.
+chain: the draft is skipped and extended over the skipped tokens when drafting resumes
+(`catch_up`, one draft extend).
 
 Greedy requests draft the argmax. Where drafts are sampled (`samples`: the server's judge is
 on, so that samples of one prompt do not share the draft's argmax text as their judged spans,
@@ -39,6 +41,7 @@ replays the argmax chain, as SGLang captures it, token for token.
 from __future__ import annotations
 
 import contextlib
+import copy
 import logging
 from dataclasses import dataclass
 from typing import Optional, Sequence
@@ -46,7 +49,7 @@ from typing import Optional, Sequence
 import torch
 from sglang.srt.managers.schedule_batch import ScheduleBatch
 from sglang.srt.managers.tp_worker import TpModelWorker
-from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardMode
+from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardBatch, ForwardMode
 from sglang.srt.runtime_context import get_context, get_schedule, get_spec
 from sglang.srt.server_args import ServerArgs
 from sglang.srt.speculative.draft_utils import DraftBackendFactory
@@ -139,7 +142,72 @@ class DraftChain(StandaloneDraftWorker):
                 tier.graphs = EAGLEDraftCudaGraphRunner(self, speculative_num_steps=tier.steps)
         logger.info("PARSE draft chains captured as CUDA graphs, draft lengths %s", sorted(self.tiers))
 
-    def draft(self, batch: ScheduleBatch, last_tokens: torch.Tensor, length: int):
+    def prefill(self, batch: ScheduleBatch) -> None:
+        """The draft's forward over a prefill batch (the target's slots: un-shifted KV)."""
+        self._extend(batch)
+        for req in batch.reqs:
+            req.parse_draft_behind = 0  # a prefill (or a retracted request's re-prefill) covers every token
+
+    def draft(self, batch: ScheduleBatch, last_tokens: torch.Tensor, rows: torch.Tensor, length: int):
+        """(drafts [bs, L] d_1..d_L, proposals [bs, L, V] or None for an all-greedy batch,
+        whether the chain ran as one graph replay) at draft length L = `length`; rows: the
+        batch's req_pool_indices. At L = 0 (an adaptive server's tier 0) nothing runs: each
+        request's c_n is counted as missing from the draft's KV, and the next round that drafts
+        first extends the draft over what is missing (`catch_up`)."""
+        bs = last_tokens.shape[0]
+        if length == 0:
+            for req in batch.reqs:
+                req.parse_draft_behind = getattr(req, "parse_draft_behind", 0) + 1
+            sampled = self.samples and not batch.sampling_info.is_all_greedy  # the chain's q: [bs, 0, V]
+            vocab = self.draft_runner.model_config.vocab_size
+            proposals = torch.empty((bs, 0, vocab), device=self.device) if sampled else None
+            return last_tokens.new_empty((bs, 0)), proposals, True
+        self.catch_up(batch, rows)
+        chain, proposals, graphed = self._run_chain(batch, last_tokens, length)
+        steps = slice(1, 1 + length)
+        return chain[:, steps], (proposals[:, steps] if proposals is not None else None), graphed
+
+    def catch_up(self, batch: ScheduleBatch, rows: torch.Tensor) -> None:
+        """One draft extend over the committed tokens whose draft KV tier-0 rounds skipped (the
+        last `parse_draft_behind` before c_n; at least one per request, so that every request
+        extends: rewriting a token's draft KV is harmless). Only a round that resumes drafting
+        pays it, like a small prefill (its tokens and slots in one host-to-device copy, and the
+        extend metadata SGLang builds). batch.seq_lens_cpu: the committed lengths P."""
+        behind = [getattr(req, "parse_draft_behind", 0) for req in batch.reqs]
+        if not any(behind):
+            return
+        ends = batch.seq_lens_cpu.tolist()  # a host tensor
+        lens = [max(b, 1) for b in behind]
+        tokens, positions, owners = [], [], []
+        for i, (req, end, n) in enumerate(zip(batch.reqs, ends, lens)):
+            filled = req.origin_input_ids + req.output_ids  # P + 1 tokens, the last is c_n
+            tokens += filled[len(filled) - 1 - n : len(filled) - 1]
+            positions += range(end - n, end)
+            owners += [i] * n
+        tokens, positions, owners = torch.tensor([tokens, positions, owners], dtype=torch.int64).to(self.device)
+        extend = copy.copy(batch)
+        extend.forward_mode = ForwardMode.EXTEND
+        extend.input_ids = tokens
+        extend.out_cache_loc = self.req_to_token_pool.req_to_token[rows[owners], positions].to(torch.int64)
+        extend.prefix_lens = [end - n for end, n in zip(ends, lens)]
+        extend.extend_lens = lens
+        extend.extend_num_tokens = sum(lens)
+        extend.extend_logprob_start_lens = list(lens)
+        extend.return_logprob = False
+        extend.spec_info = None
+        self._extend(extend)
+        for req in batch.reqs:
+            req.parse_draft_behind = 0
+
+    def _extend(self, batch: ScheduleBatch) -> None:
+        """The draft model's forward over an extend batch (its runner's own attention backend)."""
+        forward_batch = ForwardBatch.init_new(
+            batch, self.draft_runner, capture_hidden_mode=CaptureHiddenMode.NULL, return_hidden_states_before_norm=False
+        )
+        forward_batch.return_logprob = False
+        self.draft_runner.forward(forward_batch)
+
+    def _run_chain(self, batch: ScheduleBatch, last_tokens: torch.Tensor, length: int):
         """(draft_tokens [bs, L+2] c_n, d_1 .. d_{L+1} from each request's committed KV, proposals [bs, L+2, V] (q of each token, c_n's zero; None for an all-greedy
         batch), whether the chain ran as a graph replay), at draft length L = `length`.
 

@@ -17,7 +17,7 @@ Conventions this worker keeps with SGLang's scheduler (sync V2 schema, no overla
   EAGLE topk=1 chain (`draft_chain.DraftChain`: one CUDA-graph replay on a GPU), so its KV
   exists for every slot that can become committed and no draft re-extend is needed; only an
   adaptive server's tier-0 rounds skip the draft, and the round that drafts again first
-  extends the draft over the tokens they committed (`_catch_up_draft`).
+  extends the draft over the tokens they committed (`DraftChain.catch_up`).
 - Host and device meet three times a round (DESIGN.md §9): the drafts come to the host (their
   text places the boundaries), the round's plan goes to the device as one packed tensor
   (`window_plan`), and after acceptance its result comes back as one packed tensor
@@ -42,9 +42,7 @@ Conventions this worker keeps with SGLang's scheduler (sync V2 schema, no overla
 
 from __future__ import annotations
 
-import copy
 import logging
-import time
 from dataclasses import dataclass
 
 import torch
@@ -53,7 +51,7 @@ from sglang.srt.layers.logprob_processor import compute_spec_logprobs
 from sglang.srt.managers.schedule_batch import ScheduleBatch
 from sglang.srt.managers.tp_worker import TpModelWorker
 from sglang.srt.managers.utils import GenerationBatchResult
-from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardBatch, ForwardMode
+from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardMode
 from sglang.srt.runtime_context import get_device, get_model, get_schedule, get_serving, get_spec
 from sglang.srt.server_args import ServerArgs
 from sglang.srt.speculative.base_spec_worker import BaseSpecWorker
@@ -62,7 +60,7 @@ from sglang.srt.speculative.eagle_utils import default_tree_mask_mode, eagle_sam
 from sglang.srt.speculative.spec_utils import GrammarTree, build_grammar_vocab_mask
 
 from parse_sglang.acceptance import Accepted, accept_lengths, bonus_tokens, round_result
-from parse_sglang.adaptive import AdaptiveDraftLength, CostTable
+from parse_sglang.adaptive import AdaptiveDraftLength
 from parse_sglang.attention.window import FullMaskBuffer
 from parse_sglang.boundaries import TokenTexts
 from parse_sglang.counters import ServerTotals, record_round_stats
@@ -155,13 +153,7 @@ class ParseWorker(BaseSpecWorker):
             server_args, gpu_id, nccl_port, target_worker, self.config.chain_lengths,
             samples=self.config.judge or self.rejection_sampling,
         )  # fmt: skip
-        self.adaptive = None
-        if self.config.adaptive:
-            costs = CostTable.load(self.config.cost_table) if self.config.cost_table else CostTable()
-            self.adaptive = AdaptiveDraftLength(self.config.tiers, costs)
-            logger.info("PARSE adaptive draft length, tiers %s; costs %s:\n%s", list(self.config.tiers),
-                        "loaded from " + self.config.cost_table if costs.fixed else "measured online", costs.describe())
-        self._clock = {}  # the round's host times at its crossings (adaptive costs)
+        self.adaptive = AdaptiveDraftLength.of(self.config) if self.config.adaptive else None
         self.totals = ServerTotals()  # get_server_info()'s "parse" entry
         self.tp = TpSync.of_tp_group()  # rank 0's plan and decisions on every TP rank
         logger.info(
@@ -194,7 +186,6 @@ class ParseWorker(BaseSpecWorker):
     def _draft_length(self, reqs, policies) -> int:
         """The round's L: the server's, or the tier the adaptive controller chooses (rank 0's
         on a tensor-parallel server: its costs are its own measurements)."""
-        self._clock = {"start": time.perf_counter()}
         if self.adaptive is None:
             return self.config.draft_budget
         probes = self.probe is not None and any(p.judged and p.config.uses_probe for p in policies)
@@ -205,65 +196,18 @@ class ParseWorker(BaseSpecWorker):
         return self.tp.share_length(self.adaptive.choose(reqs, policies, rows_of))
 
     def _draft(self, batch: ScheduleBatch, committed: Committed, length: int):
-        """[bs, L] draft d_1..d_L from c_n (`DraftChain`: L+1 draft decode steps), their
-        proposal distributions [bs, L, V] (None for an all-greedy batch), and whether the
-        chain ran as one graph replay. At L = 0 (an adaptive server's tier 0) the draft does
-        not run: the tokens it missed are extended into its KV when drafting resumes."""
+        """[bs, L] draft d_1..d_L from c_n, their proposal distributions [bs, L, V] (None for an
+        all-greedy batch), and whether the draft ran as one graph replay (`DraftChain.draft`:
+        L+1 draft decode steps; at L = 0 none)."""
         self._set_lengths(batch, committed)
-        if length == 0:
-            for req in batch.reqs:
-                req.parse_draft_behind = getattr(req, "parse_draft_behind", 0) + 1  # c_n has no draft KV
-            bs, chain = len(batch.reqs), self._draft_worker
-            sampled = chain.samples and not batch.sampling_info.is_all_greedy  # as the chain's q: [bs, 0, V]
-            vocab = self.draft_runner.model_config.vocab_size
-            proposals = torch.empty((bs, 0, vocab), device=self.device) if sampled else None
-            return committed.last_tokens.new_empty((bs, 0)), proposals, True
-        self._catch_up_draft(batch, committed)
-        chain, proposals, graphed = self._draft_worker.draft(batch, committed.last_tokens, length)
-        steps = slice(1, 1 + length)
-        return chain[:, steps], (proposals[:, steps] if proposals is not None else None), graphed
-
-    def _catch_up_draft(self, batch: ScheduleBatch, committed: Committed) -> None:
-        """One draft extend over the committed tokens whose draft KV tier-0 rounds skipped (the
-        last `parse_draft_behind` before c_n; at least one per request, so that every request
-        extends: rewriting a token's draft KV is harmless). Only a round that resumes drafting
-        pays it, like a small prefill (its tokens and slots in one host-to-device copy, and the
-        extend metadata SGLang builds)."""
-        behind = [getattr(req, "parse_draft_behind", 0) for req in batch.reqs]
-        if not any(behind):
-            return
-        ends = committed.seq_lens_cpu.tolist()
-        lens = [max(b, 1) for b in behind]
-        tokens, positions, owners = [], [], []
-        for i, (req, end, n) in enumerate(zip(batch.reqs, ends, lens)):
-            filled = req.origin_input_ids + req.output_ids  # P + 1 tokens, the last is c_n
-            tokens += filled[len(filled) - 1 - n : len(filled) - 1]
-            positions += range(end - n, end)
-            owners += [i] * n
-        tokens, positions, owners = torch.tensor([tokens, positions, owners], dtype=torch.int64).to(self.device)
-        extend = copy.copy(batch)
-        extend.forward_mode = ForwardMode.EXTEND
-        extend.input_ids = tokens
-        extend.out_cache_loc = self.req_to_token_pool.req_to_token[committed.rows[owners], positions].to(torch.int64)
-        extend.prefix_lens = [end - n for end, n in zip(ends, lens)]
-        extend.extend_lens = lens
-        extend.extend_num_tokens = sum(lens)
-        extend.extend_logprob_start_lens = list(lens)
-        extend.return_logprob = False
-        extend.spec_info = None
-        forward_batch = ForwardBatch.init_new(
-            extend, self.draft_runner, capture_hidden_mode=CaptureHiddenMode.NULL, return_hidden_states_before_norm=False
-        )
-        forward_batch.return_logprob = False
-        self.draft_runner.forward(forward_batch)
-        for req in batch.reqs:
-            req.parse_draft_behind = 0
+        return self._draft_worker.draft(batch, committed.last_tokens, committed.rows, length)
 
     def _plan_window(self, committed: Committed, drafts: torch.Tensor, policies) -> Window:
         """Boundaries per request (the drafts' one trip to the host), then one device-built
         window for all of them (the plan's one trip to the device)."""
         drafts_host = drafts.cpu()
-        self._clock["drafts"] = time.perf_counter()
+        if self.adaptive is not None:
+            self.adaptive.drafts_on_host()  # the end of the round's draft part (its measured cost)
         return plan_window(
             drafts_host=drafts_host,
             last_tokens=committed.last_tokens,
@@ -351,9 +295,7 @@ class ParseWorker(BaseSpecWorker):
         what the adaptive controller learns (the round's costs, each request's acceptance)."""
         result = round_result(accepted)
         if self.adaptive is not None:
-            clock, done = self._clock, time.perf_counter()
-            self.adaptive.observe(reqs, window.shape.draft_len, window.shape.rows, window.plan, result,
-                                  clock["drafts"] - clock["start"], done - clock["drafts"])  # fmt: skip
+            self.adaptive.observe_round(reqs, window.shape.draft_len, window.shape.rows, window.plan, result)
         record_round_stats(self.totals, reqs, window, result, graphed)
         update_target_phases(
             self.texts, reqs, window.configs, window.plan.judged.tolist(), window.plan.draft_lens.tolist(),
@@ -393,13 +335,7 @@ class ParseWorker(BaseSpecWorker):
         """Target prefill (samples the first token, the first round's c_n), then the draft
         over the same slots."""
         result = self.target_worker.forward_batch_generation(batch)
-        forward_batch = ForwardBatch.init_new(
-            batch, self.draft_runner, capture_hidden_mode=CaptureHiddenMode.NULL, return_hidden_states_before_norm=False
-        )
-        forward_batch.return_logprob = False
-        self.draft_runner.forward(forward_batch)
-        for req in batch.reqs:
-            req.parse_draft_behind = 0  # a prefill (or a retracted request's re-prefill) covers every token
+        self._draft_worker.prefill(batch)
         result.new_seq_lens = batch.seq_lens
         result.next_draft_input = next_round_input(result.next_token_ids)
         return result
@@ -431,11 +367,11 @@ class ParseWorker(BaseSpecWorker):
             )
         super().alloc_memory_pool(memory_pool_config, req_to_token_pool, token_to_kv_pool_allocator)
         if default_tree_mask_mode().name == "FULL_MASK":  # the GPU backends read the FULL form
-            rows, max_bs = self.window_max, get_schedule().max_running_requests
-            committed = min(token_to_kv_pool_allocator.size, max_bs * self.model_runner.model_config.context_len)
-            capacity = rows * (committed + max_bs * rows)  # N * sum(P) + bs * N * N, at most
-            self.mask_buffer = FullMaskBuffer(capacity, self.device)
-            logger.info("PARSE FULL-mask buffer: %.1f MiB", capacity / 2**20)
+            self.mask_buffer = FullMaskBuffer.for_pools(
+                self.window_max, get_schedule().max_running_requests, token_to_kv_pool_allocator.size,
+                self.model_runner.model_config.context_len, self.device,
+            )  # fmt: skip
+            logger.info("PARSE FULL-mask buffer: %.1f MiB", self.mask_buffer.buffer.numel() / 2**20)
 
     def init_cuda_graphs(self):
         """The draft chain's graphs; then, where the target's verify graph is captured, one per

@@ -23,7 +23,7 @@ class OfflineRound:
         self.texts = TokenTexts(tokenizer, len(tokenizer))
         self.policy, self.batch, self.suffix_len, self.device = policy, batch, suffix_len, device
         self.constants = ShapeConstants(device)
-        self.mask_buffer = FullMaskBuffer(max_rows * batch * (max_context + max_rows), device)
+        self.mask_buffer = FullMaskBuffer.for_pools(max_rows, batch, batch * max_context, max_context, device)
 
     def plan(self, drafts_host: torch.Tensor, context: int, fixed_probes: int) -> Window:
         return plan_window(

@@ -140,6 +140,13 @@ class FullMaskBuffer:
         self.buffer = torch.ones(capacity, dtype=torch.bool, device=device)
         self._written: Tensor | None = None  # positions of the last round's window blocks
 
+    @classmethod
+    def for_pools(cls, rows: int, max_bs: int, pool_tokens: int, context_len: int, device) -> "FullMaskBuffer":
+        """The buffer for windows of `rows` rows over a KV pool of `pool_tokens` tokens, at most
+        max_bs requests of at most context_len tokens: N * sum(P) + bs * N * N at most."""
+        committed = min(pool_tokens, max_bs * context_len)
+        return cls(rows * (committed + max_bs * rows), device)
+
     def write(self, mask_qlen_only: Tensor, rows: int, prefix_lens: Tensor, prefix_sum: int) -> Tensor:
         """The FULL mask of this round's window (a view of the buffer)."""
         size = rows * prefix_sum + prefix_lens.numel() * rows * rows
