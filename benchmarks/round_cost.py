@@ -18,7 +18,7 @@ yields. `--json`: one JSON line per batch size with `device_to_host_per_round`,
 `host_to_device_per_round`, `host_ms_per_round`, `host_bytes_per_round` and the rest.
 
 Run:  python benchmarks/round_cost.py [--target DIR --draft DIR] [--steps 32] [--probe-stride 8]
-                                      [--threshold 0.5 | --lossless] [--max-new-tokens 64]
+                                      [--threshold 0.5 | --lossless] [--parse-config JSON] [--max-new-tokens 64]
                                       [--batch 1 8 32] [--json]
 Without --target/--draft: SmolLM2-135M-Instruct and its layer-dropped draft (parse_sglang.smollm2).
 """
@@ -126,6 +126,8 @@ def main() -> None:
     judge = parser.add_mutually_exclusive_group()
     judge.add_argument("--threshold", type=float, default=ParseConfig.threshold, help="τ")
     judge.add_argument("--lossless", action="store_true", help="judge off")
+    parser.add_argument("--parse-config", default="{}",
+                        help='more PARSE settings as JSON, e.g. \'{"adaptive": true}\' (a useless draft then runs tier 0)')
     parser.add_argument("--prompt", default="Explain in a few sentences why the sky is blue.")
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--batch", type=int, nargs="+", default=[1], help="concurrent copies of the prompt")
@@ -139,8 +141,12 @@ def main() -> None:
         from parse_sglang import smollm2
 
         args.target, args.draft = map(str, smollm2.model_pair())
-    config = ParseConfig(draft_budget=args.steps, probe_stride=args.probe_stride, threshold=args.threshold,
-                         judge=not args.lossless)  # fmt: skip
+    try:
+        extra = json.loads(args.parse_config)
+        config = ParseConfig(**{"draft_budget": args.steps, "probe_stride": args.probe_stride,
+                                "threshold": args.threshold, "judge": not args.lossless, **extra})  # fmt: skip
+    except (ValueError, TypeError) as err:
+        parser.error(f"--parse-config={args.parse_config!r} is invalid: {err}")
     common = dict(engine_settings(), model_path=args.target, log_level="error", max_running_requests=max(args.batch))
     from parse_sglang.settings import judge_probe_for, max_probes, verify_window_max  # imports SGLang: after the CPU runtime
 

@@ -3,36 +3,46 @@
 A round costs its draft chain (L + 1 draft steps) and one verify pass, whatever it accepts, so a
 long L pays only while enough of it is kept. With `adaptive`, each round runs at one of a few
 tiers (`adaptive_tiers`, default {0, 4, 8, 16, 32} up to the server's L, and L itself): tier 0
-is a plain decode step for the batch (one draft step keeps the draft's KV current, the verify
-window is c_n alone); every tier has its own draft-chain and verify graphs on a GPU.
+is a plain decode step for the batch (the verify window is c_n alone; the draft idles, and the
+round that drafts again first extends it over what it missed); every tier has its own
+draft-chain and verify graphs on a GPU.
 
 - `CostTable`: seconds of a round's draft part (its start to the drafts on the host) and of the
   rest (plan, verify pass, acceptance, the result on the host) per (tier, verify rows, batch-size
   bucket), measured by the worker from its own rounds at the host/device crossings it has anyway
   (no extra sync), as the median of its last `SAMPLES` rounds; a cell's first round is a warm-up
-  (first allocations, kernels compiled on first use) and is not counted. A tier not measured in a bucket is interpolated from
-  the measured ones (draft cost linear in the L + 1 steps, the rest linear in the verify rows), and a
+  (first allocations, kernels compiled on first use) and is not counted. A tier not measured in
+  a bucket is interpolated from the measured ones (draft cost linear in the L + 1 steps, the rest linear in the verify rows), and a
   bucket with too few cells borrows the nearest bucket's (a profiled table covers batch 1, 8 and 32);
   until some bucket has two measured tiers the server explores (the longest tier, then tier 0,
-  each for `EXPLORE_SAMPLES` rounds after its warm-up); later buckets borrow and then measure
-  whatever tiers they run (a batch shrinking as requests finish passes through several). A table
+  each for `EXPLORE_SAMPLES` rounds after its warm-up); later buckets borrow, then measure the
+  tiers they run or come close to running (a batch shrinking as requests finish passes through
+  several). A table
   written by `python -m parse_sglang.profile_cost` can be loaded instead (`cost_table`): it is
   then fixed, and the choice a deterministic function of the acceptance seen.
-- `Acceptance` (per request, seeded by the server's pooled estimate): decayed counts of draft
-  tokens kept by exact match and of rounds stopped short (a geometric survival model: the next
-  draft token survives with probability α), and for a judged request of boundaries passed and of
-  rounds stopped at a boundary (the judge, or the exact match, passes the next boundary with
-  probability β). E[accepted | L] = max(Σ_{j≤L} α^j, Σ_k β^k (b_k − b_{k−1})), boundaries every Δ.
+- `Acceptance` (per request, its prior the server's `PooledAcceptance`): a survival curve of the
+  accepted length, whatever accepted it (exact match, or the judge at a boundary): per draft
+  position j, decayed counts of the rounds that reached j and of those that kept it, so
+  S(j) = Π_{i ≤ j} kept_i / reached_i and E[accepted | L] = Σ_{j ≤ L} S(j). A request's counts
+  start from `PRIOR_WEIGHT` rounds of the pooled curve. Nonparametric on purpose: a judged
+  request's acceptance comes in jumps at boundaries and an exact match's in a geometric-like
+  decay, and a geometric model of either (this module's first version) overrated long tiers.
 - The choice: the tier maximising Σ_requests (1 + E[accepted | min(tier, its budget)]) over the
-  tier's cost at this batch size; ties go to the shorter tier. A request kept at tier 0 shows no
-  acceptance; after `PROBE_AFTER` tier-0 rounds in a row (doubling while probes keep failing,
-  up to `PROBE_AFTER_MAX`) the batch runs its smallest positive tier once.
+  tier's cost at this batch size; ties go to the shorter tier. A tier whose cost in this bucket
+  is borrowed or interpolated and whose rate comes within `EXPLORE_MARGIN` of the best runs
+  instead until it is measured (`EXPLORE_SAMPLES` rounds), so a mispriced tier is corrected
+  where it matters and one far from the best never costs a round.
+- A batch kept at tier 0 shows no acceptance: it runs the shortest drafting tier once (a probe)
+  when the tier-0 rounds since the last drafting round are enough that the probe costs at most
+  `PROBE_OVERHEAD` of them (by the cost table), and probes that keep finding nothing space out
+  (doubling, up to `PROBE_BACKOFF_MAX` times).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -45,8 +55,12 @@ DECAY = 0.8  # weight of the past, per round of a request
 POOLED_DECAY = 0.98  # weight of the past, per request-round, of the server's pooled estimate
 PRIOR_WEIGHT = 2.0  # rounds' worth of the pooled estimate a new request starts with
 SAMPLES = 5  # a cost cell is the median of its last SAMPLES rounds (robust to a busy machine's spikes)
-EXPLORE_SAMPLES = 3  # rounds a bucket measures its first two tiers on before it chooses
-PROBE_AFTER, PROBE_AFTER_MAX = 8, 256
+EXPLORE_SAMPLES = 2  # rounds that make a tier's cost in a bucket measured (after its warm-up)
+EXPLORE_MARGIN = 0.95  # a tier priced from other cells is measured where it is this close to the best
+PRIOR_KEEP = 0.5  # the pooled keep rate of the first draft position before any round
+PROBE_OVERHEAD = 0.05  # what probes out of tier 0 may cost, as a share of the tier-0 rounds between them
+PROBE_AFTER = 8  # tier-0 rounds between probes while their costs are not known
+PROBE_BACKOFF_MAX = 32  # probes that keep finding nothing space out up to this factor
 
 
 def bucket(batch_size: int) -> int:
@@ -154,42 +168,78 @@ class CostTable:
 
 @dataclass
 class Survival:
-    """Decayed counts of a geometric survival: survived steps, and stops before the end."""
+    """Decayed counts per draft position j = 1, 2, ...: of rounds that reached j (drafted it and
+    kept every token before it), and of those that kept j too. Each position decays only in the
+    rounds that reach it, so short rounds do not wash out what long ones saw further on."""
 
-    kept: float = 0.0
-    stopped: float = 0.0
+    reached: list = field(default_factory=list)
+    kept: list = field(default_factory=list)
 
-    @property
-    def rate(self) -> float:
-        total = self.kept + self.stopped
-        return self.kept / total if total else 0.0
+    def observe(self, drafted: int, accepted: int, decay: float) -> None:
+        reach = min(accepted + 1, drafted)
+        missing = reach - len(self.reached)
+        if missing > 0:
+            self.reached += [0.0] * missing
+            self.kept += [0.0] * missing
+        for j in range(reach):
+            self.reached[j] = decay * self.reached[j] + 1.0
+            self.kept[j] = decay * self.kept[j] + float(j < accepted)
 
-    def observe(self, kept: int, stopped: bool, decay: float) -> None:
-        self.kept = decay * self.kept + kept
-        self.stopped = decay * self.stopped + float(stopped)
+    def keep_rate(self, j: int, prior: float, weight: float) -> float:
+        """P(position j + 1 is kept | it is reached), with `weight` rounds' worth of `prior`."""
+        reached, kept = (self.reached[j], self.kept[j]) if j < len(self.reached) else (0.0, 0.0)
+        return (kept + weight * prior) / (reached + weight)
 
 
 @dataclass
 class Acceptance:
-    """A request's estimates (module docstring)."""
+    """A request's survival curve of accepted draft tokens, its prior the server's pooled one."""
 
-    exact: Survival
-    boundary: Survival
+    survival: Survival = field(default_factory=Survival)
+    _sums: list = field(default_factory=list)  # E[accepted | L] for L = 0 .. the longest tier
+    _version: int = -1  # the pooled curve's version the sums were made with
 
-    def expected(self, length: int, stride: int, judged: bool) -> float:
-        """E[draft tokens accepted] of a round drafting `length` tokens."""
-        if length <= 0:
-            return 0.0
-        a = min(self.exact.rate, 1.0)
-        exact = float(length) if a >= 1.0 else a * (1 - a**length) / (1 - a)
-        if not judged:
-            return exact
-        b, judged_len, start, k = self.boundary.rate, 0.0, 0, 1
-        while start < length:
-            end = min(start + stride, length)
-            judged_len += b**k * (end - start)
-            start, k = end, k + 1
-        return max(exact, judged_len)
+    def expected(self, length: int, pooled: "PooledAcceptance") -> float:
+        """E[draft tokens accepted] of a round drafting `length` tokens: Σ_{j ≤ length} S(j),
+        S(j) the product of the keep rates up to j (made once per change of either curve)."""
+        if self._version != pooled.version:
+            sums, alive = [0.0], 1.0
+            for j, prior in enumerate(pooled.keep_rates()):
+                alive *= self.survival.keep_rate(j, prior, PRIOR_WEIGHT)
+                sums.append(sums[-1] + alive)
+            self._sums, self._version = sums, pooled.version
+        return self._sums[min(max(length, 0), len(self._sums) - 1)]
+
+    def observe(self, drafted: int, accepted: int) -> None:
+        self.survival.observe(drafted, accepted, DECAY)
+        self._version = -1
+
+
+@dataclass
+class PooledAcceptance:
+    """The server's survival curve over every request's rounds: a new request's prior (and the
+    weight of evidence a request's own rounds must outweigh)."""
+
+    longest: int  # the longest tier: every request's sums cover every tier
+    survival: Survival = field(default_factory=Survival)
+    version: int = 0  # bumped by every observation: requests' sums made before are stale
+    _rates: tuple = (-1, [])
+
+    def keep_rates(self) -> list:
+        """Keep rates per position, each shrunk towards the one before it (one round's worth;
+        the first towards PRIOR_KEEP): a position no round reached keeps its predecessor's rate,
+        so that a tier longer than any run so far is valued by the rate seen furthest out."""
+        if self._rates[0] != self.version:
+            rates, prior = [], PRIOR_KEEP
+            for j in range(self.longest):
+                prior = self.survival.keep_rate(j, prior, 1.0)
+                rates.append(prior)
+            self._rates = (self.version, rates)
+        return self._rates[1]
+
+    def observe(self, drafted: int, accepted: int) -> None:
+        self.survival.observe(drafted, accepted, POOLED_DECAY)
+        self.version += 1
 
 
 class AdaptiveDraftLength:
@@ -198,9 +248,9 @@ class AdaptiveDraftLength:
     def __init__(self, tiers: Sequence[int], costs: CostTable):
         self.tiers = sorted(set(tiers))
         self.costs = costs
-        self.pooled = Acceptance(Survival(1.0, 1.0), Survival(1.0, 1.0))  # α = β = 0.5 before any round
-        self._zero_streak = 0
-        self._probe_after = PROBE_AFTER
+        self.pooled = PooledAcceptance(longest=self.tiers[-1])
+        self._zero_streak = 0  # tier-0 rounds since the last round that drafted
+        self._backoff = 1  # probes out of tier 0 space out by this factor while they find nothing
         self._clock = {}  # this round's host times at its crossings (its measured costs)
 
     @classmethod
@@ -215,12 +265,7 @@ class AdaptiveDraftLength:
     def acceptance(self, req) -> Acceptance:
         estimate = getattr(req, "parse_acceptance", None)
         if estimate is None:
-            w = PRIOR_WEIGHT
-            pooled = self.pooled
-            estimate = req.parse_acceptance = Acceptance(
-                Survival(w * pooled.exact.rate, w * (1 - pooled.exact.rate)),
-                Survival(w * pooled.boundary.rate, w * (1 - pooled.boundary.rate)),
-            )
+            estimate = req.parse_acceptance = Acceptance()
         return estimate
 
     def choose(self, reqs, policies, rows_of) -> int:
@@ -231,20 +276,33 @@ class AdaptiveDraftLength:
         measured = self.costs.measured_tiers(bs)
         if not self.costs.fixed and len(measured) < 2 and not self.costs.explored():
             return self.tiers[-1] if self.tiers[-1] not in measured else self.tiers[0]  # the longest, then 0
-        if self.tiers[0] == 0 and self._zero_streak >= self._probe_after:
-            return min(t for t in self.tiers if t > 0)
-        best, best_rate = self.tiers[0], -1.0
+        probe = self._probe_due(bs, rows_of)
+        if probe is not None:
+            return probe
+        rates = {}
         for tier in self.tiers:
             cost = self.costs.cost(bs, tier, rows_of(tier))
-            if cost is None or cost <= 0:
-                continue
-            tokens = sum(
-                1 + self.acceptance(req).expected(min(tier, p.budget), p.config.probe_stride, p.judged)
-                for req, p in zip(reqs, policies)
-            )
-            if tokens / cost > best_rate * (1 + 1e-9):
-                best, best_rate = tier, tokens / cost
-        return best
+            if cost is not None and cost > 0:
+                tokens = sum(1 + self.acceptance(req).expected(min(tier, p.budget), self.pooled)
+                             for req, p in zip(reqs, policies))  # fmt: skip
+                rates[tier] = tokens / cost
+        if not rates:
+            return self.tiers[0]
+        best = max(rates, key=lambda t: (rates[t], -t))  # ties: the shorter tier
+        # A tier priced from other cells that comes close to the best: measure it here.
+        close = [t for t in rates if t not in measured and rates[t] >= EXPLORE_MARGIN * rates[best]]
+        return max(close, key=lambda t: (rates[t], -t)) if close and not self.costs.fixed else best
+
+    def _probe_due(self, bs: int, rows_of) -> Optional[int]:
+        """The shortest drafting tier once tier 0 has run long enough that one round of it costs
+        at most PROBE_OVERHEAD of the tier-0 rounds since the last drafting round (times the
+        backoff): a request kept at tier 0 shows no acceptance, and drafts improve."""
+        drafting = [t for t in self.tiers if t > 0]
+        if self.tiers[0] != 0 or not drafting or not self._zero_streak:
+            return None
+        zero, probe = (self.costs.cost(bs, t, rows_of(t)) for t in (0, drafting[0]))
+        rounds = PROBE_AFTER if not zero or not probe else math.ceil(max(probe / zero - 1, 0) / PROBE_OVERHEAD)
+        return drafting[0] if self._zero_streak >= max(rounds, 1) * self._backoff else None
 
     def drafts_on_host(self) -> None:
         """The round's drafts reached the host: its draft part ends here (`choose` started it)."""
@@ -261,22 +319,12 @@ class AdaptiveDraftLength:
         if tier == 0:
             self._zero_streak += 1
             return
-        probing = self._zero_streak >= self._probe_after
-        self._zero_streak = 0
-        draft_lens = plan.draft_lens.tolist()
-        bounds = plan.real_bounds()
-        judged = plan.judged.tolist()
         kept = 0
-        for req, n, e, a, b, j in zip(reqs, draft_lens, result.exact_tokens, result.lengths, bounds, judged):
-            if n == 0:
-                continue
-            estimate = self.acceptance(req)
-            estimate.exact.observe(e, e < n, DECAY)
-            self.pooled.exact.observe(e, e < n, POOLED_DECAY)
-            if j and b:
-                passed = sum(1 for x in b if x <= a)
-                estimate.boundary.observe(passed, passed < len(b), DECAY)
-                self.pooled.boundary.observe(passed, passed < len(b), POOLED_DECAY)
-            kept += a
-        if probing:  # a re-probe out of tier 0: back off while they keep finding nothing
-            self._probe_after = PROBE_AFTER if kept else min(2 * self._probe_after, PROBE_AFTER_MAX)
+        for req, drafted, accepted in zip(reqs, plan.draft_lens.tolist(), result.lengths):
+            if drafted:
+                self.acceptance(req).observe(drafted, accepted)
+                self.pooled.observe(drafted, accepted)
+                kept += accepted
+        if self._zero_streak:  # a probe out of tier 0: back off while they keep finding nothing
+            self._backoff = 1 if kept else min(2 * self._backoff, PROBE_BACKOFF_MAX)
+        self._zero_streak = 0

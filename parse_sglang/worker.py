@@ -65,7 +65,7 @@ from parse_sglang.attention.window import FullMaskBuffer
 from parse_sglang.boundaries import TokenTexts
 from parse_sglang.counters import ServerTotals, record_round_stats
 from parse_sglang.draft_chain import DraftChain
-from parse_sglang.judge import answer_columns, judge_window
+from parse_sglang.judge import Verdict, answer_columns, judge_window
 from parse_sglang.scheduler_patches.verify_graph import VerifyGraphs
 from parse_sglang.settings import (
     ParseConfig,
@@ -265,6 +265,10 @@ class ParseWorker(BaseSpecWorker):
             grammar_mask,
             watermark_state=self.target_worker.model_runner.watermark_state,
         )
+        if width == 1:  # tier 0: nothing drafted, nothing to judge; SGLang's sample of c_n's row is the token
+            none = torch.zeros_like(window.draft_lens)
+            verdict = Verdict(None, None, torch.zeros_like(window.boundaries, dtype=torch.bool))
+            return Accepted(predict.view(bs, 1).to(torch.int64), none, none, verdict)
         exact = exact_lens.to(torch.int64) - 1
         drafts = window.chain_tokens[:, 1:]
         chain_logits = chain_logits.view(bs, width, -1)

@@ -85,21 +85,43 @@ def launched_server(
     port with the tiny-model CPU settings of `conftest.engine_kwargs(model_path, **overrides)` as
     flags (log level info: SGLang's memory-check lines are read back), from `clean_env(**env)`;
     yields the healthy `Server`, kills what is left of it on exit."""
-    port = free_port()
-    args = cli_args(engine_kwargs(model_path, host="127.0.0.1", port=port, log_level="info", **overrides))
-    log_path = log_dir / "server.log"
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(
-            [python, "-m", module, *args],
-            stdout=log, stderr=subprocess.STDOUT, env=clean_env(**env), start_new_session=True,
-        )  # fmt: skip
-    server = Server(proc, f"http://127.0.0.1:{port}", log_path)
+    for _ in range(3):  # the free port may be taken before the server binds it (by another process, or
+        # by one of SGLang's own random internal ports): start again on a fresh one
+        port = free_port()
+        args = cli_args(engine_kwargs(model_path, host="127.0.0.1", port=port, log_level="info", **overrides))
+        log_path = log_dir / "server.log"
+        with open(log_path, "w") as log:
+            proc = subprocess.Popen(
+                [python, "-m", module, *args],
+                stdout=log, stderr=subprocess.STDOUT, env=clean_env(**env), start_new_session=True,
+            )  # fmt: skip
+        server = Server(proc, f"http://127.0.0.1:{port}", log_path)
+        if wait_bound(server, port, timeout):
+            break
+        stop(proc)
+    else:
+        raise RuntimeError(f"the server found its port taken on 3 attempts: {log_path}")
     try:
         wait_healthy(server, timeout=timeout)
         yield server
     finally:
         if proc.poll() is None:
             stop(proc)
+
+
+def wait_bound(server: Server, port: int, timeout: float) -> bool:
+    """Whether launch_server bound its port: False once its log says the port was already in use
+    (SGLang's scheduler then runs on without a server), True once uvicorn says it runs, or the
+    server exits for another reason, or `timeout` passes (wait_healthy then reports)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        log = server.log_path.read_text(errors="replace")
+        if "address already in use" in log:
+            return False
+        if f"Uvicorn running on http://127.0.0.1:{port}" in log or server.proc.poll() is not None:
+            return True
+        time.sleep(0.5)
+    return True
 
 
 @contextlib.contextmanager

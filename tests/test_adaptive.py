@@ -10,8 +10,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from conftest import load_benchmark
 from parse_sglang.adaptive import (
-    EXPLORE_SAMPLES, PROBE_AFTER, PROBE_AFTER_MAX, SAMPLES, AdaptiveDraftLength, CostTable, Survival, bucket,
+    EXPLORE_SAMPLES, PROBE_BACKOFF_MAX, PROBE_OVERHEAD, SAMPLES, AdaptiveDraftLength, CostTable, bucket,
 )
 from parse_sglang.profile_cost import main as profile_cost_main
 from parse_sglang.settings import ParseConfig, server_parse_config
@@ -36,16 +37,11 @@ def rows_of(tier: int) -> int:
     return tier + 1
 
 
-def observe(controller, reqs, tier: int, exact: list[int], accepted: list[int] | None = None, bounds=None, judged=False):
-    """One round of `reqs` at `tier`: exact-match lengths (and judged lengths, boundaries)."""
-    n = len(reqs)
-    plan = SimpleNamespace(
-        draft_lens=torch.full((n,), tier),
-        judged=torch.full((n,), judged),
-        real_bounds=lambda: bounds or [[]] * n,
-    )
-    result = SimpleNamespace(exact_tokens=exact, lengths=accepted or exact)
-    controller.observe(reqs, tier, rows_of(tier), plan, result, draft_s=0.0, rest_s=0.0)
+def observe(controller, reqs, tier: int, accepted: list[int], draft_s: float = 0.0, rest_s: float = 0.0):
+    """One round of `reqs` at `tier`, each drafting `tier` tokens: their accepted lengths (and
+    the round's measured seconds; a fixed table ignores them)."""
+    plan = SimpleNamespace(draft_lens=torch.full((len(reqs),), tier))
+    controller.observe(reqs, tier, rows_of(tier), plan, SimpleNamespace(lengths=accepted), draft_s, rest_s)
 
 
 def test_bucket_is_next_power_of_two():
@@ -107,20 +103,48 @@ def test_cost_table_load_round_trip_and_bad_files(tmp_path):
         CostTable.load("/nonexistent/costs.json")
 
 
-def test_expected_acceptance():
+def test_expected_acceptance_is_the_sum_of_the_survival_curve():
     controller = AdaptiveDraftLength(TIERS, linear_costs())
-    est = controller.acceptance(SimpleNamespace())
-    assert est.exact.rate == est.boundary.rate == 0.5  # the pooled prior before any round
-    est.exact = Survival(1.0, 0.0)
-    assert est.expected(8, 4, judged=False) == 8.0
-    est.exact = Survival(0.0, 1.0)
-    assert est.expected(8, 4, judged=False) == 0.0
-    est.exact = Survival(1.0, 1.0)
-    assert est.expected(3, 4, judged=False) == pytest.approx(0.5 + 0.25 + 0.125)
-    est.boundary = Survival(3.0, 1.0)  # beta = 0.75: boundaries every 4 tokens
-    assert est.expected(8, 4, judged=True) == pytest.approx(0.75 * 4 + 0.75**2 * 4)
-    assert est.expected(8, 4, judged=False) == pytest.approx(sum(0.5**j for j in range(1, 9)))
-    assert est.expected(0, 4, judged=True) == 0.0
+    req = SimpleNamespace()
+    est = controller.acceptance(req)
+    assert est.expected(3, controller.pooled) == pytest.approx(0.5 + 0.25 + 0.125)  # the prior: keep rate 1/2
+    assert est.expected(0, controller.pooled) == 0.0
+    for _ in range(40):  # every round drafts 8 and keeps exactly 4
+        observe(controller, [req], 8, [4])
+    # (the pooled prior keeps PRIOR_WEIGHT = 2 rounds against the request's ~5 at DECAY = 0.8)
+    expected = [est.expected(L, controller.pooled) for L in (2, 4, 8, 32)]
+    assert expected[0] == pytest.approx(2, rel=0.02) and expected[1] == pytest.approx(4, rel=0.02)
+    assert expected[2] == pytest.approx(4, rel=0.02), "position 5 is reached and never kept"
+    assert expected[3] == pytest.approx(expected[2], abs=0.01)
+    # positions no round of the request reached keep the pooled prior: a fresh request sees the pool
+    fresh = controller.acceptance(SimpleNamespace())
+    assert fresh.expected(4, controller.pooled) == pytest.approx(4, abs=0.2)
+    assert fresh.expected(32, controller.pooled) < 4.5
+    # a short round does not wash out what long rounds saw further on
+    for _ in range(40):
+        observe(controller, [req], 16, [16])
+    long_rounds = est.expected(16, controller.pooled)
+    assert long_rounds > 13  # (the pooled prior still remembers the rounds that stopped at 4)
+    for _ in range(20):
+        observe(controller, [req], 4, [4])
+    assert est.expected(16, controller.pooled) >= long_rounds
+    observe(controller, [req], 16, [2])  # one miss at position 3 pulls every longer length down
+    assert est.expected(16, controller.pooled) < long_rounds - 1.5
+    assert est.expected(2, controller.pooled) == pytest.approx(2, rel=0.01)
+
+
+def test_judged_jumps_are_valued_by_where_they_land():
+    """A judged request that stops at its first boundary (8) or passes every one: the survival
+    curve values L = 8 at 8 and L = 32 at 8 too; a geometric per-token model would value L = 32
+    above L = 8 (the first version of the controller did, and over-chose long tiers)."""
+    req = SimpleNamespace()
+    controller = AdaptiveDraftLength(TIERS, linear_costs(step_s=0.001))
+    for _ in range(30):
+        observe(controller, [req], 32, [8])
+    est = controller.acceptance(req)
+    assert est.expected(8, controller.pooled) == pytest.approx(8, rel=0.04)
+    assert est.expected(32, controller.pooled) == pytest.approx(est.expected(8, controller.pooled), abs=0.05)
+    assert controller.choose([req], policies(1), rows_of) == 8
 
 
 def test_controller_picks_tier_zero_for_a_useless_draft_and_the_longest_for_a_perfect_one():
@@ -149,45 +173,61 @@ def test_controller_picks_tier_zero_for_a_useless_draft_and_the_longest_for_a_pe
     assert perfect.choose(good_reqs, policies(4, budget=4), rows_of) == 4
 
 
-def test_judged_acceptance_counts_boundaries_passed():
-    reqs = [SimpleNamespace()]
-    controller = AdaptiveDraftLength(TIERS, linear_costs(step_s=0.01))
-    for _ in range(8):  # exact match keeps nothing, the judge passes every boundary
-        observe(controller, reqs, 16, [0], [16], bounds=[[4, 8, 12, 16]], judged=True)
-    est = controller.acceptance(reqs[0])
-    assert est.exact.rate < 0.05 and est.boundary.rate > 0.95  # the prior decays (0.8 per round)
-    assert controller.choose(reqs, policies(1, judged=True), rows_of) == 32
-    assert controller.choose(reqs, policies(1, judged=False), rows_of) == 0  # unjudged: exact match only
-
-
-def test_online_costs_explore_the_longest_tier_then_tier_zero():
+def test_online_costs_explore_the_longest_tier_then_tier_zero_then_close_tiers():
     controller = AdaptiveDraftLength(TIERS, CostTable())
     reqs = [SimpleNamespace()]
     chosen = []
+
+    def round_(batch=reqs, accepted=0):
+        tier = controller.choose(batch, policies(len(batch)), rows_of)
+        chosen.append(tier)
+        observe(controller, batch, tier, [min(tier, accepted)] * len(batch), 0.002 * (tier + 1), 0.02)
+
     for _ in range(2 * (1 + EXPLORE_SAMPLES)):
-        chosen.append(controller.choose(reqs, policies(1), rows_of))
-        controller.costs.observe(1, chosen[-1], rows_of(chosen[-1]), 0.01 * (chosen[-1] + 1), 0.02)
+        round_()
     assert chosen == [32] * (1 + EXPLORE_SAMPLES) + [0] * (1 + EXPLORE_SAMPLES)  # a warm-up round each
     assert controller.costs.measured_tiers(1) == {0, 32}
     # another bucket borrows them instead of exploring again: its choice is by cost at once
-    # (exploring, it would run the longest tier; by cost, at the prior α = 0.5, tier 0 wins)
+    # (exploring, it would run the longest tier; by cost, with nothing accepted so far, tier 0 wins)
     assert controller.choose([SimpleNamespace() for _ in range(8)], policies(8), rows_of) == 0
     assert controller.costs.measured_tiers(8) == set() and controller.costs.explored()
+    # a draft that keeps 6 of each round: tiers 8 (interpolated cost) and 4 come close; each is
+    # measured before the choice settles on the best by measured costs
+    chosen.clear()
+    for _ in range(60):
+        round_(accepted=6)
+    assert {4, 8} <= set(chosen), chosen
+    assert controller.costs.measured_tiers(1) >= {0, 8, 32}
+    assert chosen[-5:] == [8] * 5, chosen
 
 
-def test_tier_zero_is_probed_again_with_backoff():
+def test_tier_zero_is_probed_again_at_a_bounded_cost_with_backoff():
     reqs = [SimpleNamespace()]
-    controller = AdaptiveDraftLength(TIERS, linear_costs())
+    costs = linear_costs()
+    controller = AdaptiveDraftLength(TIERS, costs)
     tiers = []
-    for _ in range(PROBE_AFTER * 10):
+    for _ in range(2000):
         tier = controller.choose(reqs, policies(1), rows_of)
         tiers.append(tier)
         observe(controller, reqs, tier, [0])
     probes = [i for i, t in enumerate(tiers) if t > 0]
-    assert all(tiers[i] == 4 for i in probes)  # the prior's rounds, then re-probes: the smallest positive tier
+    assert all(tiers[i] == 4 for i in probes)  # the prior's rounds, then probes: the shortest drafting tier
     gaps = [b - a - 1 for a, b in zip(probes, probes[1:]) if b - a > 1]
-    assert gaps == [PROBE_AFTER, 2 * PROBE_AFTER, 4 * PROBE_AFTER], tiers  # failing probes back off
-    assert PROBE_AFTER_MAX >= 4 * PROBE_AFTER
+    first = gaps[0]  # tier-0 rounds that pay for one probe at PROBE_OVERHEAD
+    ratio = costs.cost(1, 4, 5) / costs.cost(1, 0, 1)
+    assert first == pytest.approx((ratio - 1) / PROBE_OVERHEAD, abs=1)
+    assert gaps[:4] == [first, 2 * first, 4 * first, 8 * first], tiers  # failing probes back off
+    assert max(gaps) == PROBE_BACKOFF_MAX * first
+    # what the probes cost after the first ones: at most PROBE_OVERHEAD of the tier-0 time
+    tail = tiers[probes[1]:]
+    spent = sum(costs.cost(1, t, rows_of(t)) for t in tail)
+    assert spent / (len(tail) * costs.cost(1, 0, 1)) < 1 + PROBE_OVERHEAD
+    # a probe that finds accepted tokens resets the spacing
+    at = len(tiers)
+    while controller.choose(reqs, policies(1), rows_of) == 0:
+        observe(controller, reqs, 0, [0])
+    observe(controller, reqs, 4, [4])
+    assert controller._backoff == 1
 
 
 @pytest.mark.parametrize(
@@ -228,3 +268,25 @@ def test_profile_cost_refuses_bad_arguments_by_name(argv, message, capsys):
         profile_cost_main(["--model-path", "T", "--draft-model-path", "D", *argv])
     assert exit_.value.code == 2
     assert re.search(message, capsys.readouterr().err)
+
+
+def test_benchmark_merges_runs_by_the_median_run(tmp_path):
+    """`benchmarks/adaptive.py --merge`: per row the run with the median tokens/s, ratios
+    recomputed between the medians, each run's own ratios kept."""
+    bench = load_benchmark("adaptive", "adaptive_benchmark")
+
+    def row(mode, L, tps, ratio):
+        return {"pair": "p", "mode": mode, "L": L, "batch": 8, "tokens_per_s": tps, "ratio_to_target_only": ratio,
+                "ratio_to_best_fixed": ratio if mode == "adaptive" else None}
+
+    files = []
+    for i, (base, fixed, adaptive) in enumerate([(100, 50, 90), (80, 60, 70), (120, 40, 130)]):
+        path = tmp_path / f"run{i}.jsonl"
+        path.write_text("\n".join(json.dumps(r) for r in (
+            row("target_only", None, base, 1.0), row("fixed", 4, fixed, fixed / base), row("adaptive", None, adaptive, adaptive / fixed))))
+        files.append(str(path))
+    merged = {r["mode"]: r for r in bench.merge(files)}
+    assert [merged[m]["tokens_per_s"] for m in ("target_only", "fixed", "adaptive")] == [100, 50, 90]
+    assert merged["adaptive"]["ratio_to_target_only"] == pytest.approx(0.9)
+    assert merged["adaptive"]["ratio_to_best_fixed"] == pytest.approx(90 / 50)
+    assert merged["adaptive"]["ratio_to_best_fixed_runs"] == [90 / 50, 70 / 60, 130 / 40]

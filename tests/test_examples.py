@@ -26,7 +26,7 @@ from pathlib import Path
 import psutil
 import pytest
 import requests
-from http_server import Server, clean_env, free_port, wait_healthy
+from http_server import Server, clean_env, free_port, wait_bound, wait_healthy
 
 pytestmark = pytest.mark.sglang
 
@@ -155,7 +155,7 @@ def server_url(tiny_pair, tmp_path_factory, offline_example):
             "--max-total-tokens", "8192", "--host", "127.0.0.1", "--port", str(port),
         ]  # fmt: skip
         server = Example.start(args, tmp_path_factory.mktemp("example_server") / "server.log")
-        if wait_bound(server, port):
+        if wait_bound(Server(server.proc, "", server.log_path), port, SERVER_START_TIMEOUT):
             break
         server.stop(grace=60)
     else:
@@ -166,21 +166,6 @@ def server_url(tiny_pair, tmp_path_factory, offline_example):
         yield url
     finally:
         server.stop(grace=60)
-
-
-def wait_bound(server: Example, port: int) -> bool:
-    """Whether launch_server bound its port: False once its log says the port was already in use,
-    True once uvicorn says it runs (or the server exits for another reason, which wait_healthy
-    then reports)."""
-    deadline = time.monotonic() + SERVER_START_TIMEOUT
-    while time.monotonic() < deadline:
-        log = server.log_path.read_text(errors="replace")
-        if "address already in use" in log:
-            return False
-        if f"Uvicorn running on http://127.0.0.1:{port}" in log or server.proc.poll() is not None:
-            return True
-        time.sleep(0.5)
-    return True
 
 
 def documented_requests() -> list[tuple[str, dict]]:

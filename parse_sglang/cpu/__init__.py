@@ -4,7 +4,8 @@ SGLang's CPU engine (`SGLANG_USE_CPU_ENGINE=1`) still imports `sgl_kernel` (for 
 of CPU ops) and `torchvision` (module-level imports in multimodal code), and neither
 registry wheel loads next to torch+cpu. `enable()` puts torch stand-ins for the missing
 ones on the import path of this process *and* of every process SGLang spawns (scheduler,
-detokenizer: via PYTHONPATH), and sets `SGLANG_USE_CPU_ENGINE=1`. Nothing happens until
+detokenizer: via PYTHONPATH), and sets `SGLANG_USE_CPU_ENGINE=1` (and `TORCH_COMPILE_DISABLE=1`:
+SGLang's torch.compile'd helpers run eagerly, not recompiled mid-serving). Nothing happens until
 it is called (or `python -m parse_sglang.launch_server` calls it), and it does nothing
 where CUDA is available. Call it before importing SGLang's runtime modules, which read
 the CPU flag once at import.
@@ -42,6 +43,11 @@ CPU_ENGINE_ENV = "SGLANG_USE_CPU_ENGINE"
 # runners run on CPU with the eager-replay stand-in (cpu/cpu_graphs.py).
 # For tests of the GPU graph path; an engine also needs decode graphs left on.
 CPU_GRAPHS_ENV = "PARSE_CPU_GRAPHS"
+# Set (to "1") by enable() for its process and children: SGLang's torch.compile'd helpers (the
+# draft chain's `select_top_k_tokens`, among others) run eagerly. On CPU, dynamo compiles them
+# on first use and again for the next new batch size, 0.2-2 s each time mid-serving (a GPU
+# captures them in its graphs at start-up instead); eager they cost microseconds.
+TORCH_COMPILE_DISABLE_ENV = "TORCH_COMPILE_DISABLE"
 # Opt-in only, never installed by enable(): see enable_flashinfer_standin.
 FLASHINFER_STANDIN_DIR = str(_HERE / "standin_flashinfer")
 # SGLang's switch for its kernel-package version checks: with attention_backend="flashinfer"
@@ -119,8 +125,9 @@ def enable() -> CpuRuntimeStatus:
     """Activate the CPU runtime for this process and its SGLang children; idempotent.
 
     Inactive (returns active=False, changes nothing) when CUDA is available. Otherwise
-    sets SGLANG_USE_CPU_ENGINE=1 and installs the stand-in for each of `sgl_kernel` and
-    `torchvision` that is not already importable for real.
+    sets SGLANG_USE_CPU_ENGINE=1 and TORCH_COMPILE_DISABLE=1 (torch.compile runs eagerly) and
+    installs the stand-in for each of `sgl_kernel` and `torchvision` that is not already
+    importable for real.
     """
     global _status
     if _status is not None:
@@ -137,11 +144,15 @@ def enable() -> CpuRuntimeStatus:
         _prepend_import_path(folder)
         installed.append(name)
     os.environ[CPU_ENGINE_ENV] = "1"
+    os.environ[TORCH_COMPILE_DISABLE_ENV] = "1"
+    if "torch._dynamo.config" in sys.modules:  # read at import: this process may have imported it already
+        sys.modules["torch._dynamo.config"].disable = True
     _status = CpuRuntimeStatus(True, tuple(installed), "no CUDA device")
     logger.info(
-        "parse_sglang.cpu: enabled (%s): %s=1, stand-ins on sys.path and PYTHONPATH: %s",
+        "parse_sglang.cpu: enabled (%s): %s=1, %s=1, stand-ins on sys.path and PYTHONPATH: %s",
         _status.reason,
         CPU_ENGINE_ENV,
+        TORCH_COMPILE_DISABLE_ENV,
         ", ".join(f"{n} ({STANDIN_DIRS[n]})" for n in installed) or "none",
     )
     return _status
