@@ -7,6 +7,8 @@
 For each pair, one `sglang.Engine` after another (never two at once) serves the same prompts,
 greedy, radix cache off, in three kinds of engine:
   target_only  the target alone (every ratio is to it, same pair and batch)
+  target_only_sync  the target alone with overlap scheduling off, as PARSE runs SGLang's
+               scheduler: what a decode step costs without the overlap PARSE gives up
   fixed        PARSE at each L of --steps (one engine per L)
   adaptive     PARSE with `adaptive: true`, L = max(--steps), the default tiers {0, 4, 8, 16, 32}
                up to L, costs measured online (no cost table): what a user gets from the flag
@@ -31,7 +33,7 @@ runtime is turned on and every engine runs eagerly.
 COLUMNS (--json: one object per row, gpu_serving's columns plus these)
   pair, mode (target_only / fixed / adaptive), L (null for adaptive and target_only), batch
   tokens_per_s, ratio_to_target_only, ratio_to_best_fixed (adaptive rows: to the fixed row of
-  the same pair and batch with the most tokens/s)
+  the same pair and batch with the most tokens/s), ratio_to_target_only_sync (adaptive rows)
   tokens_per_target_forward   output tokens / (one prefill + one forward per decode step or
                               verify pass, summed over the requests)
   mean_L                      the mean draft length of the timed call's rounds (server counters)
@@ -60,7 +62,7 @@ from parse_sglang.settings import ParseConfig  # noqa: E402
 PAIRS = ("useless", "synthetic", "smollm2")
 JUDGED = {"synthetic"}  # pairs served with the likelihood judge; the others lossless
 TABLE_KEYS = ("pair", "mode", "L", "batch", "tokens_per_s", "ratio_to_target_only", "ratio_to_best_fixed",
-              "tokens_per_target_forward", "mean_L", "tokens_per_round", "round_ms", "equal_to_target_only")
+              "ratio_to_target_only_sync", "tokens_per_target_forward", "mean_L", "tokens_per_round", "round_ms", "equal_to_target_only")
 
 
 def useless_draft(draft: Path, cache_dir=None) -> Path:
@@ -106,11 +108,13 @@ def load_pair(name: str, args) -> gpu_serving.Pair:
 
 
 def engines(args, pair: gpu_serving.Pair) -> list[gpu_serving.EngineSpec]:
-    """target-only, then a PARSE engine per fixed L, then the adaptive one."""
+    """target-only (overlap scheduling on, then off), then a PARSE engine per fixed L, then the adaptive one."""
     judged = pair.name in JUDGED
     mode = "parse_likelihood" if judged else "parse_lossless"
     judge = dict(judge_mode="likelihood", likelihood_threshold=args.likelihood_threshold) if judged else dict(judge=False)
-    plan = [gpu_serving.EngineSpec("target-only", {}, [gpu_serving.RowSpec("target_only", None)], graphs=False)]
+    plan = [gpu_serving.EngineSpec("target-only", {}, [gpu_serving.RowSpec("target_only", None)], graphs=False),
+            gpu_serving.EngineSpec("target-only, overlap off", {"disable_overlap_schedule": True},
+                                   [gpu_serving.RowSpec("target_only_sync", None)], graphs=False)]  # fmt: skip
     for L in [*args.steps, None]:
         config = ParseConfig(draft_budget=L or max(args.steps), adaptive=L is None, **judge)
         name = f"PARSE L={L}" if L else f"PARSE adaptive L<={config.draft_budget}"
@@ -136,7 +140,7 @@ def run_pair(args, pair: gpu_serving.Pair, progress) -> list[dict]:
                         for _ in range(args.repeats)]  # fmt: skip
                 row = sorted(runs, key=lambda r: r["tokens_per_s"])[len(runs) // 2]  # the median run
                 row["tokens_per_s_runs"] = [r["tokens_per_s"] for r in runs]
-                row["mode"] = "target_only" if spec.config is None else "adaptive" if spec.config.adaptive else "fixed"
+                row["mode"] = spec.rows[0].mode if spec.config is None else "adaptive" if spec.config.adaptive else "fixed"
                 row["lossless"] = spec.config is not None and not spec.config.judge
                 rows.append(row)
                 progress(f"{pair.name}: {spec.name} batch {batch}: {row['tokens_per_s']:.1f} tokens/s, "
@@ -157,9 +161,11 @@ def derive(rows: list[dict]) -> None:
         fixed = [r for r in rows if (r["pair"], r["batch"], r["mode"]) == (row["pair"], row["batch"], "fixed")]
         best = max(fixed, key=lambda r: r["tokens_per_s"], default=None)
         row["ratio_to_best_fixed"] = row["tokens_per_s"] / best["tokens_per_s"] if best and row["mode"] == "adaptive" else None
+        sync = by.get((row["pair"], row["batch"], "target_only_sync", None))
+        row["ratio_to_target_only_sync"] = row["tokens_per_s"] / sync["tokens_per_s"] if sync and row["mode"] == "adaptive" else None
         if row["mode"] == "adaptive":
             row["L"] = None
-        if row["mode"] == "target_only":
+        if row["mode"].startswith("target_only"):
             row["mean_L"] = None
 
 
@@ -167,6 +173,7 @@ def merge(paths: list[str]) -> list[dict]:
     """Rows of several `--json` runs, one per (pair, mode, L, batch): the run with the median
     tokens/s, its ratios recomputed between these medians, and each run's own ratios
     (`*_runs`, in the order of the files)."""
+    ratios = ("ratio_to_target_only", "ratio_to_best_fixed", "ratio_to_target_only_sync")
     runs = [[json.loads(line) for line in Path(p).read_text().splitlines() if line.strip()] for p in paths]
 
     def key(r):
@@ -176,8 +183,8 @@ def merge(paths: list[str]) -> list[dict]:
     for first in runs[0]:
         same = [r for run in runs for r in run if key(r) == key(first)]
         row = dict(sorted(same, key=lambda r: r["tokens_per_s"])[len(same) // 2])
-        for ratio in ("ratio_to_target_only", "ratio_to_best_fixed"):
-            row[ratio + "_runs"] = [r[ratio] for r in same]
+        for ratio in ratios:
+            row[ratio + "_runs"] = [r.get(ratio) for r in same]
         merged.append(row)
     for row in merged:
         base = next(r for r in merged if (r["pair"], r["mode"], r["batch"]) == (row["pair"], "target_only", row["batch"]))
@@ -185,18 +192,22 @@ def merge(paths: list[str]) -> list[dict]:
         fixed = [r for r in merged if (r["pair"], r["batch"], r["mode"]) == (row["pair"], row["batch"], "fixed")]
         if row["mode"] == "adaptive" and fixed:
             row["ratio_to_best_fixed"] = row["tokens_per_s"] / max(r["tokens_per_s"] for r in fixed)
+        sync = [r for r in merged if (r["pair"], r["batch"], r["mode"]) == (row["pair"], row["batch"], "target_only_sync")]
+        adaptive_sync = row["mode"] == "adaptive" and sync
+        row["ratio_to_target_only_sync"] = row["tokens_per_s"] / sync[0]["tokens_per_s"] if adaptive_sync else None
     return merged
 
 
 def print_rows(rows: list[dict], as_json: bool) -> None:
-    keys = TABLE_KEYS + tuple(k for k in ("ratio_to_target_only_runs", "ratio_to_best_fixed_runs") if k in rows[0])
+    keys = TABLE_KEYS + tuple(k for k in ("ratio_to_target_only_runs", "ratio_to_best_fixed_runs",
+                                          "ratio_to_target_only_sync_runs") if k in rows[0])
     if as_json:
         for row in rows:
             print(json.dumps(row))
         return
     print(f"| {' | '.join(keys)} |\n|{' --- |' * len(keys)}")
     for row in rows:
-        cells = [" ".join(gpu_serving.fmt(x) for x in row[k]) if isinstance(row[k], list) else gpu_serving.fmt(row[k])
+        cells = [" ".join(map(gpu_serving.fmt, row[k])) if isinstance(row.get(k), list) else gpu_serving.fmt(row.get(k))
                  for k in keys]  # fmt: skip
         print(f"| {' | '.join(cells)} |")
 

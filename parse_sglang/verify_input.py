@@ -49,6 +49,14 @@ class ShapeConstants:
         self.device = device
         self._logits_rows: dict[tuple[int, WindowShape], torch.Tensor] = {}
         self._chains: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+        self._made: dict = {}
+
+    def cached(self, key, make):
+        """`make()` on the first call with `key`, then the same object (constants of a batch shape
+        that other modules define, e.g. `window_plan`'s nothing-drafted plan)."""
+        if key not in self._made:
+            self._made[key] = make()
+        return self._made[key]
 
     def logits_rows(self, batch_size: int, shape: WindowShape) -> torch.Tensor:
         """[batch_size * read_rows] window rows PARSE reads, request-major (`WindowShape.logits_rows`)."""

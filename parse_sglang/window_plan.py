@@ -149,6 +149,27 @@ def place_probes(drafts_host: torch.Tensor, policies: Sequence[RequestPolicy], t
     )
 
 
+def nothing_drafted(bs: int, device) -> tuple[ProbePlan, tuple]:
+    """The plan of a round with nothing drafted (an adaptive server's tier 0), on the host and
+    as `plan_window`'s device fields: no draft token may be accepted, no boundary, nothing
+    judged or probed. The same for every such round of `bs` requests (cached per shape)."""
+    host = ProbePlan(
+        drafts=torch.zeros(bs, 0, dtype=torch.int64),
+        draft_lens=torch.zeros(bs, dtype=torch.int64),
+        phase_limits=torch.zeros(bs, dtype=torch.int64),
+        judged=torch.zeros(bs, dtype=torch.bool),
+        probed=torch.zeros(bs, dtype=torch.bool),
+        likelihood=torch.zeros(bs, dtype=torch.bool),
+        thresholds=torch.zeros(bs, dtype=torch.float32),
+        likelihood_thresholds=torch.zeros(bs, dtype=torch.float32),
+        bounds=torch.zeros(bs, 0, dtype=torch.int64),
+    )
+    no_boundary = torch.zeros(bs, 1, dtype=torch.int64)  # boundaries and probe slots: one column of 0s
+    fields = [host.drafts, host.draft_lens, host.phase_limits, host.judged, host.probed, host.likelihood,
+              host.thresholds, host.likelihood_thresholds, no_boundary, no_boundary, host.bounds]  # fmt: skip
+    return host, tuple(t.to(device) for t in fields)
+
+
 @dataclass(frozen=True)
 class Window:
     """The verify window of a round and what acceptance needs to read it (device tensors,
@@ -176,6 +197,32 @@ class Window:
         return self.shape.chain_rows
 
 
+def upload_plan(plan: ProbePlan, fixed_probes: Optional[int], device) -> tuple[int, list[torch.Tensor]]:
+    """(K, the window's probe count; the plan's device fields in one host-to-device copy):
+    the plan's tensors, then each request's real boundaries and their probe slots (as wide as
+    the most boundaries), and the boundaries of its K window probes (padding probes included)."""
+    bs, length = plan.drafts.shape
+    bounds = plan.real_bounds()
+    probed = [b if p else [] for b, p in zip(bounds, plan.probed.tolist())]
+    num_probes = 0
+    if any(probed):
+        num_probes = max(map(len, probed)) if fixed_probes is None else fixed_probes
+    window_bounds = [with_padding_probes(b, num_probes, length) for b in probed]
+    # Same width as the boundaries; a request judged without probes reads none (uses_probe off).
+    probe_slots = [[wb.index(b) for b in p] if p else [0] * len(b) for b, p, wb in zip(bounds, probed, window_bounds)]
+    real_width = max(1, max(map(len, bounds)))
+
+    def rows(values: list[list[int]], width: int) -> torch.Tensor:
+        return torch.tensor([v + [0] * (width - len(v)) for v in values], dtype=torch.int64).view(bs, width)
+
+    host = [
+        plan.drafts, plan.draft_lens, plan.phase_limits, plan.judged, plan.probed, plan.likelihood,
+        plan.thresholds, plan.likelihood_thresholds,
+        rows(bounds, real_width), rows(probe_slots, real_width), rows(window_bounds, num_probes),
+    ]  # fmt: skip
+    return num_probes, unpack(pack(host).to(device), fields_of(host))
+
+
 def plan_window(
     *,
     drafts_host: torch.Tensor,
@@ -197,27 +244,14 @@ def plan_window(
     from (`TpSync.share_plan`: rank 0's). The one host-to-device copy of the round is here."""
     device = last_tokens.device
     bs, length = drafts_host.shape
-    plan = share(place_probes(drafts_host, policies, texts))
-    bounds = plan.real_bounds()
-    probed = [b if p else [] for b, p in zip(bounds, plan.probed.tolist())]
-    num_probes = 0
-    if any(probed):
-        num_probes = max(map(len, probed)) if fixed_probes is None else fixed_probes
-    window_bounds = [with_padding_probes(b, num_probes, length) for b in probed]
-    # Same width as the boundaries; a request judged without probes reads none (uses_probe off).
-    probe_slots = [[wb.index(b) for b in p] if p else [0] * len(b) for b, p, wb in zip(bounds, probed, window_bounds)]
-    real_width = max(1, max(map(len, bounds)))
-
-    def rows(values: list[list[int]], width: int) -> torch.Tensor:
-        return torch.tensor([v + [0] * (width - len(v)) for v in values], dtype=torch.int64).view(bs, width)
-
-    host = [
-        plan.drafts, plan.draft_lens, plan.phase_limits, plan.judged, plan.probed, plan.likelihood,
-        plan.thresholds, plan.likelihood_thresholds,
-        rows(bounds, real_width), rows(probe_slots, real_width), rows(window_bounds, num_probes),
-    ]  # fmt: skip
+    if length == 0:  # tier 0: nothing to place, judge or upload (every rank's length is rank 0's)
+        plan, on_device = constants.cached(("nothing_drafted", bs), lambda: nothing_drafted(bs, device))
+        num_probes = 0
+    else:
+        plan = share(place_probes(drafts_host, policies, texts))
+        num_probes, on_device = upload_plan(plan, fixed_probes, device)
     (drafts, draft_lens, phase_limits, judged, probed_on, likelihood, thresholds, lambdas, boundaries, slots,
-     probe_bounds) = unpack(pack(host).to(device), fields_of(host))  # fmt: skip
+     probe_bounds) = on_device  # fmt: skip
     shape = WindowShape(length, num_probes, len(suffix_ids) if num_probes else 0)
     chain_tokens = torch.cat([last_tokens[:, None].to(torch.int64), drafts], dim=1)
     verify_input = ParseVerifyInput.for_round(
@@ -245,5 +279,5 @@ def plan_window(
         thresholds=thresholds,
         likelihood_thresholds=lambdas,
         configs=[p.config for p in policies],
-        any_likelihood=bool(plan.likelihood.any()),
+        any_likelihood=length > 0 and bool(plan.likelihood.any()),
     )

@@ -280,13 +280,16 @@ def test_benchmark_merges_runs_by_the_median_run(tmp_path):
                 "ratio_to_best_fixed": ratio if mode == "adaptive" else None}
 
     files = []
-    for i, (base, fixed, adaptive) in enumerate([(100, 50, 90), (80, 60, 70), (120, 40, 130)]):
+    for i, (base, sync, fixed, adaptive) in enumerate([(100, 75, 50, 90), (80, 60, 60, 70), (120, 90, 40, 130)]):
         path = tmp_path / f"run{i}.jsonl"
         path.write_text("\n".join(json.dumps(r) for r in (
-            row("target_only", None, base, 1.0), row("fixed", 4, fixed, fixed / base), row("adaptive", None, adaptive, adaptive / fixed))))
+            row("target_only", None, base, 1.0), row("target_only_sync", None, sync, sync / base),
+            row("fixed", 4, fixed, fixed / base), row("adaptive", None, adaptive, adaptive / fixed))))
         files.append(str(path))
     merged = {r["mode"]: r for r in bench.merge(files)}
-    assert [merged[m]["tokens_per_s"] for m in ("target_only", "fixed", "adaptive")] == [100, 50, 90]
+    assert [merged[m]["tokens_per_s"] for m in ("target_only", "target_only_sync", "fixed", "adaptive")] == [100, 75, 50, 90]
     assert merged["adaptive"]["ratio_to_target_only"] == pytest.approx(0.9)
     assert merged["adaptive"]["ratio_to_best_fixed"] == pytest.approx(90 / 50)
+    assert merged["adaptive"]["ratio_to_target_only_sync"] == pytest.approx(90 / 75)
     assert merged["adaptive"]["ratio_to_best_fixed_runs"] == [90 / 50, 70 / 60, 130 / 40]
+    assert merged["fixed"]["ratio_to_target_only_sync"] is None

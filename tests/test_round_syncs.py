@@ -80,3 +80,34 @@ def test_three_host_device_crossings_per_round(probe_records):
         assert crossings == [("device_to_host", "_plan_window"), ("device_to_host", "_record"),
                              ("host_to_device", "_plan_window")], r["parse"]  # fmt: skip
     assert totals["accepted_judged"] > 0 and totals["judge_probes"] > 0  # the judge did run
+
+
+def test_tier0_round_plans_without_crossing(cpu_runtime):
+    """An adaptive tier-0 round (nothing drafted) has nothing to place or judge: after its batch
+    size's first round, its window is planned with no host-device copy at all, while a round
+    with drafts uploads its plan once (the control)."""
+    from parse_sglang.verify_input import ShapeConstants
+    from parse_sglang.window_plan import RequestPolicy, plan_window
+
+    constants = ShapeConstants(torch.device("cpu"))
+    policies = [RequestPolicy(ParseConfig(draft_budget=4), budget=4, judged=False, stop_ids=frozenset())] * 2
+
+    last_tokens, prefix_lens = torch.tensor([5, 6]), torch.tensor([3, 4])  # made outside a counter: device tensors
+
+    def plan(length: int, counter: SyncCounter):
+        drafts = torch.arange(2 * length, dtype=torch.int64).view(2, length)
+        counter.mark_host(drafts)
+        return plan_window(drafts_host=drafts, last_tokens=last_tokens, prefix_lens=prefix_lens,
+                           prefix_sum=7, policies=policies, texts=None, suffix_ids=None, fixed_probes=None,
+                           constants=constants, mask_buffer=None)  # fmt: skip
+
+    with SyncCounter() as first:
+        plan(0, first)  # makes the batch size's constants
+    for length, crossings in ((0, {}), (2, {"host_to_device": 1})):
+        with SyncCounter() as counter:
+            window = plan(length, counter)
+        assert counter.counts() == crossings, (length, counter.events)
+        assert window.shape.rows == length + 1 and window.chain_tokens[:, 0].tolist() == [5, 6]
+    tier0 = plan(0, first)
+    assert tier0.draft_lens.tolist() == [0, 0] and tier0.plan.draft_lens.tolist() == [0, 0]
+    assert not tier0.judge_on.any() and not tier0.uses_probe.any() and tier0.verify_input.positions.tolist() == [3, 4]

@@ -84,6 +84,8 @@ def window_inputs(
     """
     device = chain_tokens.device
     bs, N = chain_tokens.shape[0], shape.rows
+    if N == 1:  # nothing drafted (an adaptive tier-0 round): c_n at P, seeing itself, as in a decode step
+        return chain_tokens[:, 0].to(torch.int64), prefix_lens.to(torch.int64), torch.ones(bs, dtype=torch.bool, device=device)
     row = torch.arange(N, device=device)
     is_chain, k, i = row_roles(row, shape.draft_len, shape.suffix_len)
     if shape.num_probes:
