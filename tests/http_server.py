@@ -1,15 +1,12 @@
-"""A real SGLang HTTP server started as a subprocess by the HTTP-tier tests, and the
-helpers around it (clean environment, port, health wait, process-tree cleanup, SGLang's
-memory-check log line)."""
+"""A real SGLang HTTP server started as a subprocess by the HTTP-tier tests (`support.servers`),
+and the helpers around it (clean environment, health wait, SGLang's memory-check log line)."""
 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -18,6 +15,7 @@ import psutil
 import pytest
 import requests
 from conftest import engine_kwargs
+from support.servers import launch, stop, wait_healthy as healthy
 
 # SGLang's strict memory checks: every busy iteration logs and asserts the KV pool balance (2),
 # and the idle check raises on a leak (1), which kills the server.
@@ -46,17 +44,10 @@ class Server:
 
 
 def wait_healthy(server: Server, timeout: float = 180.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if server.proc.poll() is not None:
-            pytest.fail(f"server exited with {server.proc.returncode}:\n{server.log()[-4000:]}")
-        try:
-            if requests.get(server.url + "/health", timeout=2).status_code == 200:
-                return
-        except (requests.ConnectionError, requests.Timeout):
-            pass  # not listening yet, or too busy starting up to answer
-        time.sleep(1.0)
-    pytest.fail(f"server not healthy after {timeout}s:\n{server.log()[-4000:]}")
+    try:
+        healthy(server.proc, server.url, server.log_path, timeout)
+    except RuntimeError as err:
+        pytest.fail(str(err))
 
 
 def clean_env(**extra: str) -> dict:
@@ -65,15 +56,6 @@ def clean_env(**extra: str) -> dict:
     env = {k: v for k, v in os.environ.items() if k not in ("SGLANG_USE_CPU_ENGINE", "PYTHONPATH")}
     env.update(extra)
     return env
-
-
-def cli_args(kwargs: dict) -> list[str]:
-    """`sglang.Engine` keyword arguments as `launch_server` flags (True: a bare flag, a dict: JSON)."""
-    args = []
-    for key, value in kwargs.items():
-        flag = "--" + key.replace("_", "-")
-        args += [flag] if value is True else [flag, json.dumps(value) if isinstance(value, dict) else str(value)]
-    return args
 
 
 @contextlib.contextmanager
@@ -85,43 +67,16 @@ def launched_server(
     port with the tiny-model CPU settings of `conftest.engine_kwargs(model_path, **overrides)` as
     flags (log level info: SGLang's memory-check lines are read back), from `clean_env(**env)`;
     yields the healthy `Server`, kills what is left of it on exit."""
-    for _ in range(3):  # the free port may be taken before the server binds it (by another process, or
-        # by one of SGLang's own random internal ports): start again on a fresh one
-        port = free_port()
-        args = cli_args(engine_kwargs(model_path, host="127.0.0.1", port=port, log_level="info", **overrides))
-        log_path = log_dir / "server.log"
-        with open(log_path, "w") as log:
-            proc = subprocess.Popen(
-                [python, "-m", module, *args],
-                stdout=log, stderr=subprocess.STDOUT, env=clean_env(**env), start_new_session=True,
-            )  # fmt: skip
-        server = Server(proc, f"http://127.0.0.1:{port}", log_path)
-        if wait_bound(server, port, timeout):
-            break
-        stop(proc)
-    else:
-        raise RuntimeError(f"the server found its port taken on 3 attempts: {log_path}")
+    log_path = log_dir / "server.log"
+    proc, url = launch([python, "-m", module], engine_kwargs(model_path, log_level="info", **overrides), log_path,
+                       env=clean_env(**env), timeout=timeout)  # fmt: skip
+    server = Server(proc, url, log_path)
     try:
         wait_healthy(server, timeout=timeout)
         yield server
     finally:
         if proc.poll() is None:
             stop(proc)
-
-
-def wait_bound(server: Server, port: int, timeout: float) -> bool:
-    """Whether launch_server bound its port: False once its log says the port was already in use
-    (SGLang's scheduler then runs on without a server), True once uvicorn says it runs, or the
-    server exits for another reason, or `timeout` passes (wait_healthy then reports)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        log = server.log_path.read_text(errors="replace")
-        if "address already in use" in log:
-            return False
-        if f"Uvicorn running on http://127.0.0.1:{port}" in log or server.proc.poll() is not None:
-            return True
-        time.sleep(0.5)
-    return True
 
 
 @contextlib.contextmanager
@@ -141,11 +96,6 @@ def greedy(max_new: int, **extra) -> dict:
     return {"max_new_tokens": max_new, "temperature": 0.0, "ignore_eos": True, **extra}
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def alive(pid: int) -> bool:
     try:
@@ -153,14 +103,6 @@ def alive(pid: int) -> bool:
     except psutil.NoSuchProcess:
         return False
 
-
-def stop(proc: subprocess.Popen) -> None:
-    """Kill what is left of the process tree (cleanup only)."""
-    for p in [*psutil.Process(proc.pid).children(recursive=True), psutil.Process(proc.pid)]:
-        try:
-            p.kill()
-        except psutil.NoSuchProcess:
-            pass
 
 
 def assert_memory_balanced(log: str, min_checks: int) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import statistics
 from types import SimpleNamespace
 
 import pytest
@@ -293,3 +294,28 @@ def test_benchmark_merges_runs_by_the_median_run(tmp_path):
     assert merged["adaptive"]["ratio_to_target_only_sync"] == pytest.approx(90 / 75)
     assert merged["adaptive"]["ratio_to_best_fixed_runs"] == [90 / 50, 70 / 60, 130 / 40]
     assert merged["fixed"]["ratio_to_target_only_sync"] is None
+
+
+def test_benchmark_pairs_ratios_round_by_round():
+    """`benchmarks/adaptive.py`: the engines take turns, so a ratio is paired within a round (to
+    the best fixed engine of that round) and the row's ratio is the median of the rounds'."""
+    bench = load_benchmark("adaptive", "adaptive_benchmark")
+
+    def row(mode, L, runs):
+        return {"pair": "p", "batch": 8, "mode": mode, "L": L, "tokens_per_s": statistics.median(runs),
+                "tokens_per_s_runs": runs, "output_tokens": 80, "tokens_per_round": 1.0, "output_ids": [[1]],
+                "lossless": mode in ("fixed", "adaptive"), "mean_L": 0.0}  # fmt: skip
+
+    rows = [row("target_only", None, [100, 80, 120]), row("target_only_sync", None, [110, 70, 130]),
+            row("fixed", 4, [50, 60, 40]), row("fixed", 8, [55, 50, 45]), row("adaptive", None, [90, 88, 130])]  # fmt: skip
+    bench.derive(rows)
+    adaptive = rows[-1]
+    assert adaptive["ratio_to_target_only_runs"] == pytest.approx([0.9, 1.1, 130 / 120])
+    assert adaptive["ratio_to_target_only"] == pytest.approx(130 / 120)
+    assert adaptive["ratio_to_best_fixed_runs"] == pytest.approx([90 / 55, 88 / 60, 130 / 45])  # best per round
+    assert adaptive["ratio_to_best_fixed"] == pytest.approx(90 / 55)
+    assert adaptive["ratio_to_target_only_sync_runs"] == pytest.approx([90 / 110, 88 / 70, 1.0])
+    assert adaptive["ratio_to_target_only_sync"] == pytest.approx(1.0)
+    assert adaptive["L"] is None and adaptive["equal_to_target_only"] is True
+    assert rows[2]["ratio_to_best_fixed"] is None and rows[2]["ratio_to_target_only"] == pytest.approx(0.5)
+    assert rows[0]["mean_L"] is None and rows[1]["ratio_to_target_only_sync"] is None

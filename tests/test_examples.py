@@ -26,7 +26,8 @@ from pathlib import Path
 import psutil
 import pytest
 import requests
-from http_server import Server, clean_env, free_port, wait_bound, wait_healthy
+from http_server import Server, clean_env, wait_healthy
+from support.servers import free_port, wait_bound
 
 pytestmark = pytest.mark.sglang
 
@@ -155,7 +156,7 @@ def server_url(tiny_pair, tmp_path_factory, offline_example):
             "--max-total-tokens", "8192", "--host", "127.0.0.1", "--port", str(port),
         ]  # fmt: skip
         server = Example.start(args, tmp_path_factory.mktemp("example_server") / "server.log")
-        if wait_bound(Server(server.proc, "", server.log_path), port, SERVER_START_TIMEOUT):
+        if wait_bound(server.proc, server.log_path, port, SERVER_START_TIMEOUT):
             break
         server.stop(grace=60)
     else:

@@ -1,0 +1,91 @@
+"""Starting `launch_server` as a subprocess, for the HTTP-tier tests (`tests/http_server.py`)
+and the benchmarks that serve over HTTP (`benchmarks/adaptive.py`): settings as flags, a free
+port (taken again if the server finds it in use), and cleanup of the whole process tree."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import psutil
+
+
+def cli_args(kwargs: dict) -> list[str]:
+    """`sglang.Engine` keyword arguments as `launch_server` flags (True: a bare flag, a dict: JSON)."""
+    args = []
+    for key, value in kwargs.items():
+        flag = "--" + key.replace("_", "-")
+        args += [flag] if value is True else [flag, json.dumps(value) if isinstance(value, dict) else str(value)]
+    return args
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def stop(proc: subprocess.Popen) -> None:
+    """Kill what is left of the process tree (cleanup only)."""
+    try:
+        procs = [*psutil.Process(proc.pid).children(recursive=True), psutil.Process(proc.pid)]
+    except psutil.NoSuchProcess:
+        return
+    for p in procs:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+
+
+def wait_bound(proc: subprocess.Popen, log_path: Path, port: int, timeout: float) -> bool:
+    """Whether launch_server bound its port: False once its log says the port was already in use
+    (SGLang's scheduler then runs on without a server), True once uvicorn says it runs, or the
+    server exits for another reason, or `timeout` passes (a health wait then reports)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        log = Path(log_path).read_text(errors="replace")
+        if "address already in use" in log:
+            return False
+        if f"Uvicorn running on http://127.0.0.1:{port}" in log or proc.poll() is not None:
+            return True
+        time.sleep(0.5)
+    return True
+
+
+def launch(command: list[str], flags: dict, log_path: Path, env: dict | None = None,
+           timeout: float = 180.0) -> tuple[subprocess.Popen, str]:  # fmt: skip
+    """`command` (e.g. [python, "-m", "parse_sglang.launch_server"]) with `flags` (`cli_args`) on
+    127.0.0.1 and a free port, output to `log_path`: (the process, its URL) once it bound the
+    port; started again on a fresh port if the port was taken before the server bound it (by
+    another process, or by one of SGLang's own random internal ports), 3 attempts."""
+    for _ in range(3):
+        port = free_port()
+        with open(log_path, "w") as log:
+            proc = subprocess.Popen([*command, *cli_args({**flags, "host": "127.0.0.1", "port": port})],
+                                    stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)  # fmt: skip
+        if wait_bound(proc, log_path, port, timeout):
+            return proc, f"http://127.0.0.1:{port}"
+        stop(proc)
+    raise RuntimeError(f"the server found its port taken on 3 attempts: {log_path}")
+
+
+def wait_healthy(proc: subprocess.Popen, url: str, log_path: Path, timeout: float = 180.0) -> None:
+    """Until `url`/health answers 200; RuntimeError (with the log's tail) if the server exits or
+    `timeout` passes first."""
+    import requests
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}:\n{Path(log_path).read_text(errors='replace')[-4000:]}")
+        try:
+            if requests.get(url + "/health", timeout=2).status_code == 200:
+                return
+        except (requests.ConnectionError, requests.Timeout):
+            pass  # not listening yet, or too busy starting up to answer
+        time.sleep(1.0)
+    raise RuntimeError(f"server not healthy after {timeout}s:\n{Path(log_path).read_text(errors='replace')[-4000:]}")
