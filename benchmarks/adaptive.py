@@ -43,8 +43,8 @@ COLUMNS (--json: one object per row, gpu_serving's columns plus these)
   mean_L                      the mean draft length of the timed call's rounds (server counters)
   equal_to_target_only        lossless rows: every output equals target-only's; else null
 --merge FILE ...: no engine runs; the --json output of several runs merged, a row per (pair,
-mode, L, batch) from the run with the median tokens/s, its ratios recomputed between these
-medians, and each run's own ratios (`*_runs`: one per file).
+mode, L, batch) from the run with the median tokens/s, each ratio the median of the runs' own,
+and `*_runs` every round's of every run (one file: the table it would have printed).
 """
 
 from __future__ import annotations
@@ -69,6 +69,7 @@ from support.servers import launch, stop, wait_healthy  # noqa: E402
 
 PAIRS = ("useless", "synthetic", "smollm2")
 JUDGED = {"synthetic"}  # pairs served with the likelihood judge; the others lossless
+RATIOS = ("ratio_to_target_only", "ratio_to_best_fixed", "ratio_to_target_only_sync")
 TABLE_KEYS = ("pair", "mode", "L", "batch", "tokens_per_s", "ratio_to_target_only", "ratio_to_best_fixed",
               "ratio_to_target_only_sync", "tokens_per_target_forward", "mean_L", "tokens_per_round", "round_ms", "equal_to_target_only")
 
@@ -223,9 +224,7 @@ def derive(rows: list[dict]) -> None:
         sync = [r for r in rows if (r["pair"], r["batch"], r["mode"]) == (row["pair"], row["batch"], "target_only_sync")]
         fixed = [r for r in rows if (r["pair"], r["batch"], r["mode"]) == (row["pair"], row["batch"], "fixed")]
         adaptive = row["mode"] == "adaptive"
-        for name, others in (("ratio_to_target_only", [base] if base else []),
-                             ("ratio_to_best_fixed", fixed if adaptive else []),
-                             ("ratio_to_target_only_sync", sync if adaptive else [])):  # fmt: skip
+        for name, others in zip(RATIOS, ([base] if base else [], fixed if adaptive else [], sync if adaptive else [])):
             runs = paired(row, others)
             row[name + "_runs"] = runs
             row[name] = statistics.median(runs) if runs else None
@@ -237,9 +236,8 @@ def derive(rows: list[dict]) -> None:
 
 def merge(paths: list[str]) -> list[dict]:
     """Rows of several `--json` runs, one per (pair, mode, L, batch): the run with the median
-    tokens/s, its ratios recomputed between these medians, and each run's own ratios
-    (`*_runs`, in the order of the files)."""
-    ratios = ("ratio_to_target_only", "ratio_to_best_fixed", "ratio_to_target_only_sync")
+    tokens/s; each ratio the median of the runs' own (each already paired round by round), and
+    `*_runs` every round's of every run, in the order of the files (one file: itself)."""
     runs = [[json.loads(line) for line in Path(p).read_text().splitlines() if line.strip()] for p in paths]
 
     def key(r):
@@ -249,24 +247,17 @@ def merge(paths: list[str]) -> list[dict]:
     for first in runs[0]:
         same = [r for run in runs for r in run if key(r) == key(first)]
         row = dict(sorted(same, key=lambda r: r["tokens_per_s"])[len(same) // 2])
-        for ratio in ratios:
-            row[ratio + "_runs"] = [r.get(ratio) for r in same]
+        row["tokens_per_s_runs"] = [x for r in same for x in r.get("tokens_per_s_runs") or [r["tokens_per_s"]]]
+        for ratio in RATIOS:
+            values = [r[ratio] for r in same if r.get(ratio) is not None]
+            row[ratio] = statistics.median(values) if values else None
+            row[ratio + "_runs"] = [x for r in same for x in r.get(ratio + "_runs") or [r.get(ratio)]]
         merged.append(row)
-    for row in merged:
-        base = next(r for r in merged if (r["pair"], r["mode"], r["batch"]) == (row["pair"], "target_only", row["batch"]))
-        row["ratio_to_target_only"] = row["tokens_per_s"] / base["tokens_per_s"]
-        fixed = [r for r in merged if (r["pair"], r["batch"], r["mode"]) == (row["pair"], row["batch"], "fixed")]
-        if row["mode"] == "adaptive" and fixed:
-            row["ratio_to_best_fixed"] = row["tokens_per_s"] / max(r["tokens_per_s"] for r in fixed)
-        sync = [r for r in merged if (r["pair"], r["batch"], r["mode"]) == (row["pair"], row["batch"], "target_only_sync")]
-        adaptive_sync = row["mode"] == "adaptive" and sync
-        row["ratio_to_target_only_sync"] = row["tokens_per_s"] / sync[0]["tokens_per_s"] if adaptive_sync else None
     return merged
 
 
 def print_rows(rows: list[dict], as_json: bool) -> None:
-    keys = TABLE_KEYS + tuple(k for k in ("ratio_to_target_only_runs", "ratio_to_best_fixed_runs",
-                                          "ratio_to_target_only_sync_runs") if k in rows[0])
+    keys = TABLE_KEYS + tuple(ratio + "_runs" for ratio in RATIOS)
     if as_json:
         for row in rows:
             print(json.dumps(row))

@@ -272,28 +272,36 @@ def test_profile_cost_refuses_bad_arguments_by_name(argv, message, capsys):
 
 
 def test_benchmark_merges_runs_by_the_median_run(tmp_path):
-    """`benchmarks/adaptive.py --merge`: per row the run with the median tokens/s, ratios
-    recomputed between the medians, each run's own ratios kept."""
+    """`benchmarks/adaptive.py --merge`: per row the run with the median tokens/s, each ratio the
+    median of the runs' own (already paired), every run's rounds kept; one file merges to itself."""
     bench = load_benchmark("adaptive", "adaptive_benchmark")
 
-    def row(mode, L, tps, ratio):
-        return {"pair": "p", "mode": mode, "L": L, "batch": 8, "tokens_per_s": tps, "ratio_to_target_only": ratio,
-                "ratio_to_best_fixed": ratio if mode == "adaptive" else None}
+    def row(mode, L, tps, **ratios):
+        return {"pair": "p", "mode": mode, "L": L, "batch": 8, "tokens_per_s": tps, "tokens_per_s_runs": [tps, tps + 1],
+                "ratio_to_target_only": ratios.get("base"), "ratio_to_target_only_runs": [ratios.get("base")] * 2,
+                "ratio_to_best_fixed": ratios.get("fixed"), "ratio_to_target_only_sync": ratios.get("sync")}  # fmt: skip
 
     files = []
     for i, (base, sync, fixed, adaptive) in enumerate([(100, 75, 50, 90), (80, 60, 60, 70), (120, 90, 40, 130)]):
         path = tmp_path / f"run{i}.jsonl"
         path.write_text("\n".join(json.dumps(r) for r in (
-            row("target_only", None, base, 1.0), row("target_only_sync", None, sync, sync / base),
-            row("fixed", 4, fixed, fixed / base), row("adaptive", None, adaptive, adaptive / fixed))))
+            row("target_only", None, base, base=1.0), row("target_only_sync", None, sync, base=sync / base),
+            row("fixed", 4, fixed, base=fixed / base),
+            row("adaptive", None, adaptive, base=adaptive / base, fixed=adaptive / fixed, sync=adaptive / sync))))
         files.append(str(path))
     merged = {r["mode"]: r for r in bench.merge(files)}
     assert [merged[m]["tokens_per_s"] for m in ("target_only", "target_only_sync", "fixed", "adaptive")] == [100, 75, 50, 90]
-    assert merged["adaptive"]["ratio_to_target_only"] == pytest.approx(0.9)
-    assert merged["adaptive"]["ratio_to_best_fixed"] == pytest.approx(90 / 50)
-    assert merged["adaptive"]["ratio_to_target_only_sync"] == pytest.approx(90 / 75)
-    assert merged["adaptive"]["ratio_to_best_fixed_runs"] == [90 / 50, 70 / 60, 130 / 40]
+    adaptive = merged["adaptive"]
+    assert adaptive["ratio_to_target_only"] == pytest.approx(0.9)  # median of 0.9, 0.875, 1.083
+    assert adaptive["ratio_to_target_only_runs"] == pytest.approx([0.9, 0.9, 0.875, 0.875, 130 / 120, 130 / 120])
+    assert adaptive["ratio_to_best_fixed"] == pytest.approx(90 / 50)
+    assert adaptive["ratio_to_best_fixed_runs"] == pytest.approx([90 / 50, 70 / 60, 130 / 40])
+    assert adaptive["ratio_to_target_only_sync"] == pytest.approx(1.2)  # median of 1.2, 1.167, 1.444
+    assert adaptive["tokens_per_s_runs"] == [90, 91, 70, 71, 130, 131]
     assert merged["fixed"]["ratio_to_target_only_sync"] is None
+    alone = {r["mode"]: r for r in bench.merge(files[:1])}
+    assert alone["adaptive"]["ratio_to_best_fixed"] == pytest.approx(90 / 50)
+    assert alone["adaptive"]["tokens_per_s_runs"] == [90, 91]
 
 
 def test_benchmark_pairs_ratios_round_by_round():
