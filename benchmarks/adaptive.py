@@ -7,7 +7,7 @@
 For each pair, every engine is started at once, each a `python -m parse_sglang.launch_server`
 (`--sleep-on-idle`: a server waiting for its turn takes no CPU; requests over its HTTP API), and
 they serve the same prompts in turn, greedy, radix cache off (memory: every server at once; on
-the 2-core CPU the tiny pairs' 7 take ~14 GB, SmolLM2's 5 of `--steps 4 8` ~17 GB), in these
+the 2-core CPU the tiny pairs' 7 take ~13 GB, SmolLM2's 5 of `--steps 4 8` ~17 GB), in these
 kinds of engine:
   target_only  the target alone (every ratio is to it, same pair and batch)
   target_only_sync  the target alone with overlap scheduling off, as PARSE runs SGLang's

@@ -279,5 +279,5 @@ def plan_window(
         thresholds=thresholds,
         likelihood_thresholds=lambdas,
         configs=[p.config for p in policies],
-        any_likelihood=length > 0 and bool(plan.likelihood.any()),
+        any_likelihood=bool(plan.likelihood.any()),
     )

@@ -56,8 +56,8 @@ def wait_bound(proc: subprocess.Popen, log_path: Path, port: int, timeout: float
     return True
 
 
-def launch(command: list[str], flags: dict, log_path: Path, env: dict | None = None,
-           timeout: float = 180.0) -> tuple[subprocess.Popen, str]:  # fmt: skip
+def launch(command: list[str], flags: dict, log_path: Path, env: dict | None = None, timeout: float = 180.0,
+           cwd=None) -> tuple[subprocess.Popen, str]:  # fmt: skip
     """`command` (e.g. [python, "-m", "parse_sglang.launch_server"]) with `flags` (`cli_args`) on
     127.0.0.1 and a free port, output to `log_path`: (the process, its URL) once it bound the
     port; started again on a fresh port if the port was taken before the server bound it (by
@@ -66,7 +66,7 @@ def launch(command: list[str], flags: dict, log_path: Path, env: dict | None = N
         port = free_port()
         with open(log_path, "w") as log:
             proc = subprocess.Popen([*command, *cli_args({**flags, "host": "127.0.0.1", "port": port})],
-                                    stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)  # fmt: skip
+                                    stdout=log, stderr=subprocess.STDOUT, env=env, cwd=cwd, start_new_session=True)  # fmt: skip
         if wait_bound(proc, log_path, port, timeout):
             return proc, f"http://127.0.0.1:{port}"
         stop(proc)

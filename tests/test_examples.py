@@ -27,7 +27,7 @@ import psutil
 import pytest
 import requests
 from http_server import Server, clean_env, wait_healthy
-from support.servers import free_port, wait_bound
+from support.servers import launch
 
 pytestmark = pytest.mark.sglang
 
@@ -146,22 +146,18 @@ def offline_example(tiny_pair, tmp_path_factory):
 def server_url(tiny_pair, tmp_path_factory, offline_example):
     """launch_server.md's CPU command on the tiny pair, at 127.0.0.1 and a free port."""
     target, draft = tiny_pair
-    for _ in range(3):  # the free port may be taken before the server binds it (the example starts beside it)
-        port = free_port()
-        args = [
-            "-m", "parse_sglang.launch_server", "--model-path", str(target),
-            "--speculative-algorithm", "PARSE", "--speculative-draft-model-path", str(draft),
-            "--speculative-num-steps", str(NUM_STEPS), "--parse-config", '{"threshold": 0.5}',
-            "--device", "cpu", "--attention-backend", "torch_native", "--disable-cuda-graph", "--dtype", "float32",
-            "--max-total-tokens", "8192", "--host", "127.0.0.1", "--port", str(port),
-        ]  # fmt: skip
-        server = Example.start(args, tmp_path_factory.mktemp("example_server") / "server.log")
-        if wait_bound(server.proc, server.log_path, port, SERVER_START_TIMEOUT):
-            break
-        server.stop(grace=60)
-    else:
-        pytest.fail(f"launch_server found its port taken on 3 attempts: {server.log_path}")
-    url = f"http://127.0.0.1:{port}"
+    command = [
+        sys.executable, "-m", "parse_sglang.launch_server", "--model-path", str(target),
+        "--speculative-algorithm", "PARSE", "--speculative-draft-model-path", str(draft),
+        "--speculative-num-steps", str(NUM_STEPS), "--parse-config", '{"threshold": 0.5}',
+        "--device", "cpu", "--attention-backend", "torch_native", "--disable-cuda-graph", "--dtype", "float32",
+        "--max-total-tokens", "8192",
+    ]  # fmt: skip
+    log_path = tmp_path_factory.mktemp("example_server") / "server.log"
+    # on a free port, started again if the port is taken first (the example starts beside it)
+    proc, url = launch(command, {}, log_path, env=clean_env(PYTHONUNBUFFERED="1"), timeout=SERVER_START_TIMEOUT,
+                       cwd=REPO)  # fmt: skip
+    server = Example(proc, log_path)
     try:
         wait_healthy(Server(server.proc, url, server.log_path), timeout=SERVER_START_TIMEOUT)
         yield url

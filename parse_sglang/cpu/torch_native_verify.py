@@ -14,7 +14,7 @@ on CPU. The subclass runs
   or the FULL form) or, without a mask, bottom-right causal;
 - DRAFT_EXTEND_V2 (the draft re-reading the verify window): causal over prefix + window;
 through the project's shared torch paged attention (`parse_sglang.attention.paged`). A verify
-of one unmasked row per request (an adaptive PARSE round at tier 0) is a decode step's
+of one row per request (an adaptive PARSE round at tier 0: c_n alone) is a decode step's
 attention and runs SGLang's own decode path (`DecodeShapedVerify`): the verify forward of a
 tier-0 round took 2.5 ms instead of 3.0 at batch 1, and 5.4 ms instead of 7.4 at batch 8 (tiny
 synthetic target, 2-core CPU).
@@ -34,6 +34,7 @@ from sglang.srt.mem_cache.memory_pool import KVWriteLoc
 from parse_sglang.attention.layout import indptr_of, ragged_index
 from parse_sglang.attention.paged import paged_prefill_attention
 from parse_sglang.attention.window import full_mask
+from parse_sglang.verify_input import ParseVerifyInput
 
 BACKEND_NAME = "torch_native"
 
@@ -159,9 +160,10 @@ class TorchNativeSpecAttnBackend(TorchNativeAttnBackend):
         mode = forward_batch.forward_mode
         req_to_token = self.req_to_token_pool.req_to_token
         if mode.is_target_verify():
-            spec, mask = forward_batch.spec_info, getattr(forward_batch.spec_info, "custom_mask", None)
-            if getattr(spec, "num_tokens_per_req", 0) == 1 and (mask is None or bool(mask.all())):
-                # one unmasked row per request (eager only: a graph replay keeps the paged plan)
+            spec = forward_batch.spec_info
+            if isinstance(spec, ParseVerifyInput) and spec.shape.rows == 1:
+                # a PARSE window of one row (c_n alone) sees every committed token and itself,
+                # whatever its mask's form: no mask to read (eager only: a graph replay keeps the paged plan)
                 self.spec_metadata = DecodeShapedVerify(
                     forward_batch.out_cache_loc, forward_batch.req_pool_indices, forward_batch.seq_lens + 1)
             else:
