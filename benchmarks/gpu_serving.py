@@ -78,7 +78,8 @@ COLUMNS (one JSON object per row with --json; the table shows the main ones)
   decode_tokens_per_s       (output_tokens - batch) / decode_s (tokens after the first)
   decode_ratio_to_target_only   the same ratio from decode_tokens_per_s
   rounds                    batch rounds of the timed call: PARSE verify passes (server counter
-                            delta), STANDALONE max spec_verify_ct, target-only max(completion) - 1
+                            delta; each decode step of an adaptive tier-0 round is one), STANDALONE
+                            max spec_verify_ct, target-only max(completion) - 1
   round_ms                  decode_s / rounds (target_only: one decode step, target_step_ms)
   tokens_per_round          tokens after the first per request-round (PARSE: meta_info["parse"]
                             ["rounds"]; STANDALONE: spec_verify_ct; 1 for target-only / draft-only)

@@ -3,14 +3,17 @@
 A round costs its draft chain (L + 1 draft steps) and one verify pass, whatever it accepts, so a
 long L pays only while enough of it is kept. With `adaptive`, each round runs at one of a few
 tiers (`adaptive_tiers`, default {0, 4, 8, 16, 32} up to the server's L, and L itself): tier 0
-is a plain decode step for the batch (the verify window is c_n alone; the draft idles, and the
-round that drafts again first extends it over what it missed); every tier has its own
-draft-chain and verify graphs on a GPU.
+is `tier0_steps` plain decode steps for the batch run back to back on the device, each a verify
+window of c_n alone (SGLang's own zero-step EAGLE rounds verify the same way), so that the
+scheduler's and the round's own host work is paid once per k tokens, not per token; the draft
+idles, and the round that drafts again first extends it over what it missed. Every tier has its
+own draft-chain and verify graphs on a GPU.
 
 - `CostTable`: seconds of a round's draft part (its start to the drafts on the host) and of the
   rest (plan, verify pass, acceptance, the result on the host) per (tier, verify rows, batch-size
   bucket), measured by the worker from its own rounds at the host/device crossings it has anyway
-  (no extra sync), as the median of its last `SAMPLES` rounds; a cell's first round is a warm-up
+  (no extra sync), as the median of its last `SAMPLES` rounds (a tier-0 round's rest: per decode
+  step, so the one-row cell prices a verify row wherever it stands); a cell's first round is a warm-up
   (first allocations, kernels compiled on first use) and is not counted. A tier not measured in
   a bucket is interpolated from the measured ones (draft cost linear in the L + 1 steps, the rest linear in the verify rows), and a
   bucket with too few cells borrows the nearest bucket's (a profiled table covers batch 1, 8 and 32);
@@ -28,12 +31,13 @@ draft-chain and verify graphs on a GPU.
   request's acceptance comes in jumps at boundaries and an exact match's in a geometric-like
   decay, and a geometric model of either (this module's first version) overrated long tiers.
 - The choice: the tier maximising Σ_requests (1 + E[accepted | min(tier, its budget)]) over the
-  tier's cost at this batch size; ties go to the shorter tier. A tier whose cost in this bucket
+  tier's cost at this batch size (tier 0: Σ_requests min(k, its output left) tokens for k decode
+  steps); ties go to the shorter tier. A tier whose cost in this bucket
   is borrowed or interpolated and whose rate comes within `EXPLORE_MARGIN` of the best runs
   instead until it is measured (`EXPLORE_SAMPLES` rounds), so a mispriced tier is corrected
   where it matters and one far from the best never costs a round.
 - A batch kept at tier 0 shows no acceptance: it runs the shortest drafting tier once (a probe)
-  when the tier-0 rounds since the last drafting round are enough that the probe costs at most
+  when the decode steps since the last drafting round are enough that the probe costs at most
   `PROBE_OVERHEAD` of them (by the cost table), and probes that keep finding nothing space out
   (doubling, up to `PROBE_BACKOFF_MAX` times).
 """
@@ -58,8 +62,8 @@ SAMPLES = 5  # a cost cell is the median of its last SAMPLES rounds (robust to a
 EXPLORE_SAMPLES = 2  # rounds that make a tier's cost in a bucket measured (after its warm-up)
 EXPLORE_MARGIN = 0.95  # a tier priced from other cells is measured where it is this close to the best
 PRIOR_KEEP = 0.5  # the pooled keep rate of the first draft position before any round
-PROBE_OVERHEAD = 0.05  # what probes out of tier 0 may cost, as a share of the tier-0 rounds between them
-PROBE_AFTER = 8  # tier-0 rounds between probes while their costs are not known
+PROBE_OVERHEAD = 0.05  # what probes out of tier 0 may cost, as a share of the decode steps between them
+PROBE_AFTER = 8  # decode steps between probes while their costs are not known
 PROBE_BACKOFF_MAX = 32  # probes that keep finding nothing space out up to this factor
 
 
@@ -107,16 +111,16 @@ class CostTable:
             del samples[1 : max(1, len(samples) - SAMPLES)]  # the warm-up marker and the last SAMPLES rounds
             cells[key] = statistics.median(samples[1:])
 
-    def cost(self, batch_size: int, tier: int, rows: int) -> Optional[float]:
-        """Seconds of a round at this tier and verify rows, from the batch's bucket or, where
-        that cannot estimate it, the nearest bucket that can (the larger on a tie); None where
-        no bucket can yet."""
+    def cost(self, batch_size: int, tier: int, rows: int, steps: int = 1) -> Optional[float]:
+        """Seconds of a round at this tier and verify rows (`steps` verify passes: a tier-0
+        round's decode steps), from the batch's bucket or, where that cannot estimate it, the
+        nearest bucket that can (the larger on a tie); None where no bucket can yet."""
         b = bucket(batch_size)
         for bb in sorted({bb for bb, _ in self.draft} | {b}, key=lambda bb: (abs(bb.bit_length() - b.bit_length()), -bb)):
             draft = _interpolate({L + 1: s for (c, L), s in self.draft.items() if c == bb}, tier + 1)
             rest = _interpolate({r: s for (c, r), s in self.rest.items() if c == bb}, rows)
             if draft is not None and rest is not None:
-                return draft + rest
+                return draft + steps * rest
         return None
 
     def measured_tiers(self, batch_size: int) -> set[int]:
@@ -249,7 +253,7 @@ class AdaptiveDraftLength:
         self.tiers = sorted(set(tiers))
         self.costs = costs
         self.pooled = PooledAcceptance(longest=self.tiers[-1])
-        self._zero_streak = 0  # tier-0 rounds since the last round that drafted
+        self._zero_streak = 0  # tier-0 decode steps since the last round that drafted
         self._backoff = 1  # probes out of tier 0 space out by this factor while they find nothing
         self._clock = {}  # this round's host times at its crossings (its measured costs)
 
@@ -268,9 +272,9 @@ class AdaptiveDraftLength:
             estimate = req.parse_acceptance = Acceptance()
         return estimate
 
-    def choose(self, reqs, policies, rows_of) -> int:
+    def choose(self, reqs, policies, rows_of, steps: int = 1) -> int:
         """The tier of this round: reqs and their `RequestPolicy`s; rows_of(tier) -> the verify
-        rows of the batch at that tier."""
+        rows of the batch at that tier; steps: the decode steps a tier-0 round of it would run."""
         self._clock = {"start": time.perf_counter()}
         bs = len(reqs)
         measured = self.costs.measured_tiers(bs)
@@ -281,10 +285,13 @@ class AdaptiveDraftLength:
             return probe
         rates = {}
         for tier in self.tiers:
-            cost = self.costs.cost(bs, tier, rows_of(tier))
+            cost = self.costs.cost(bs, tier, rows_of(tier), steps if tier == 0 else 1)
             if cost is not None and cost > 0:
-                tokens = sum(1 + self.acceptance(req).expected(min(tier, p.budget), self.pooled)
-                             for req, p in zip(reqs, policies))  # fmt: skip
+                if tier == 0:
+                    tokens = sum(steps if p.left is None else min(steps, p.left) for p in policies)
+                else:
+                    tokens = sum(1 + self.acceptance(req).expected(min(tier, p.budget), self.pooled)
+                                 for req, p in zip(reqs, policies))  # fmt: skip
                 rates[tier] = tokens / cost
         if not rates:
             return self.tiers[0]
@@ -295,29 +302,30 @@ class AdaptiveDraftLength:
 
     def _probe_due(self, bs: int, rows_of) -> Optional[int]:
         """The shortest drafting tier once tier 0 has run long enough that one round of it costs
-        at most PROBE_OVERHEAD of the tier-0 rounds since the last drafting round (times the
+        at most PROBE_OVERHEAD of the decode steps since the last drafting round (times the
         backoff): a request kept at tier 0 shows no acceptance, and drafts improve."""
         drafting = [t for t in self.tiers if t > 0]
         if self.tiers[0] != 0 or not drafting or not self._zero_streak:
             return None
         zero, probe = (self.costs.cost(bs, t, rows_of(t)) for t in (0, drafting[0]))
-        rounds = PROBE_AFTER if not zero or not probe else math.ceil(max(probe / zero - 1, 0) / PROBE_OVERHEAD)
-        return drafting[0] if self._zero_streak >= max(rounds, 1) * self._backoff else None
+        steps = PROBE_AFTER if not zero or not probe else math.ceil(max(probe / zero - 1, 0) / PROBE_OVERHEAD)
+        return drafting[0] if self._zero_streak >= max(steps, 1) * self._backoff else None
 
     def drafts_on_host(self) -> None:
         """The round's drafts reached the host: its draft part ends here (`choose` started it)."""
-        self._clock["drafts"] = time.perf_counter()
+        self._clock.setdefault("drafts", time.perf_counter())
 
-    def observe_round(self, reqs, tier: int, rows: int, plan, result) -> None:
+    def observe_round(self, reqs, tier: int, rows: int, plan, result, steps: int = 1) -> None:
         """`observe` with the round's times from the controller's clock (the result is on the host)."""
         start, drafts = self._clock["start"], self._clock["drafts"]
-        self.observe(reqs, tier, rows, plan, result, drafts - start, time.perf_counter() - drafts)
+        self.observe(reqs, tier, rows, plan, result, drafts - start, time.perf_counter() - drafts, steps)
 
-    def observe(self, reqs, tier: int, rows: int, plan, result, draft_s: float, rest_s: float) -> None:
-        """After a round: its costs, and each request's acceptance (host plan and result)."""
-        self.costs.observe(len(reqs), tier, rows, draft_s, rest_s)
+    def observe(self, reqs, tier: int, rows: int, plan, result, draft_s: float, rest_s: float, steps: int = 1) -> None:
+        """After a round (of `steps` verify passes: a tier-0 round's decode steps): its costs, the
+        rest per pass, and each request's acceptance (host plan and result)."""
+        self.costs.observe(len(reqs), tier, rows, draft_s, rest_s / steps)
         if tier == 0:
-            self._zero_streak += 1
+            self._zero_streak += steps
             return
         kept = 0
         for req, drafted, accepted in zip(reqs, plan.draft_lens.tolist(), result.lengths):

@@ -10,7 +10,8 @@ Per request, a plain dict of ints, `meta_info["parse"]`:
     {"rounds": int, "draft_length": int, "draft_tokens": int,
      "accepted_exact": int, "accepted_judged": int, "judge_probes": int}
 
-`rounds`: the request's rounds (each one target verify forward); `draft_length`: the sum of its
+`rounds`: the request's rounds (each one target verify forward; an adaptive server's tier-0
+round of k plain decode steps counts as k rounds of L = 0); `draft_length`: the sum of its
 rounds' draft lengths L (the server's, or an adaptive server's tier: draft_length / rounds is the
 mean L); `draft_tokens`: the draft tokens its rounds could accept (L, cut by its budget and a stop
 token); `accepted_exact`: draft tokens
@@ -28,7 +29,8 @@ Per server, `ServerTotals.summary()`, counted since startup:
 
     {"requests": int,            # requests that ran at least one PARSE round
      "rounds": int,              # request-rounds (a request's draft + verify + accept)
-     "verify_passes": int,       # target verify forwards (one per batch round)
+     "verify_passes": int,       # target verify forwards (one per batch round; k per tier-0 round)
+     "batch_rounds": int,        # the worker's rounds of a whole batch (one per scheduler decode step)
      "graph_passes": int,        # batch rounds whose draft chain and verify both replayed a graph
      "draft_length": int,        # the draft lengths L of the request-rounds, summed
      "verify_rows": int,         # window rows the verify passes ran (each request's N = 1 + L + K*m)
@@ -50,6 +52,7 @@ of `scheduler_patches/metrics.py`, in a scheduler process with `--enable-metrics
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import asdict, dataclass, fields
 from typing import Optional, Protocol, Sequence
 
@@ -108,6 +111,7 @@ class ServerTotals:
     requests: int = 0
     rounds: int = 0
     verify_passes: int = 0
+    batch_rounds: int = 0
     graph_passes: int = 0
     verify_rows: int = 0
     draft_length: int = 0
@@ -127,13 +131,15 @@ class ServerTotals:
         graphed: bool,
         verify_rows: int,
         draft_length: int,
+        batch_round: bool = True,
     ) -> None:
         """One verify pass over a batch of `rounds` requests; probe_scores: the judge score of
         each real probe of the pass; graphed: its draft chain and verify replayed graphs;
-        verify_rows: the window rows it ran (rounds x N); draft_length: L x rounds."""
+        verify_rows: the window rows it ran (rounds x N); draft_length: L x rounds;
+        batch_round: the pass starts a round of the worker (not a tier-0 round's later step)."""
         counts = dict(
-            requests=new_requests, rounds=rounds, verify_passes=1, graph_passes=int(graphed),
-            verify_rows=verify_rows, draft_length=draft_length, draft_tokens=draft_tokens,
+            requests=new_requests, rounds=rounds, verify_passes=1, batch_rounds=int(batch_round),
+            graph_passes=int(graphed), verify_rows=verify_rows, draft_length=draft_length, draft_tokens=draft_tokens,
             accepted_exact=exact, accepted_judged=judged, judge_probes=len(probe_scores),
         )  # fmt: skip
         for name, increment in counts.items():
@@ -164,10 +170,21 @@ def _ratio(num: int, den: int) -> float:
     return num / den if den else 0.0
 
 
-def record_round_stats(totals: ServerTotals, reqs, window, result, graphed: bool) -> None:
+def record_round_stats(totals: ServerTotals, reqs, window, result, graphed: bool, steps: int = 1) -> None:
     """Count a round: per request and in `totals`, from the round's host plan (`window.plan`)
     and host result (`acceptance.RoundResult`); judge probes counted are the real ones (a
-    boundary of a request judged with the probe)."""
+    boundary of a request judged with the probe). A tier-0 round of `steps` decode steps
+    counts as that many rounds of L = 0, each one target forward and one token."""
+    if steps > 1:
+        zeros = [0] * len(reqs)
+        step = dataclasses.replace(result, lengths=zeros, exact_tokens=zeros)
+        for i in range(steps):
+            _record_pass(totals, reqs, window, step, graphed, batch_round=i == 0)
+        return
+    _record_pass(totals, reqs, window, result, graphed)
+
+
+def _record_pass(totals: ServerTotals, reqs, window, result, graphed: bool, batch_round: bool = True) -> None:
     plan = window.plan
     draft_lens = plan.draft_lens.tolist()
     real_probes = (plan.bounds > 0) & plan.probed[:, None]
@@ -182,7 +199,7 @@ def record_round_stats(totals: ServerTotals, reqs, window, result, graphed: bool
         new_requests += record_round(req, window.shape.draft_len, draft_lens[i], exact[i], judged[i], probe_counts[i],
                                      probes)  # fmt: skip
     totals.add_pass(new_requests, len(reqs), sum(draft_lens), sum(exact), sum(judged), scores, graphed,
-                    len(reqs) * window.shape.rows, len(reqs) * window.shape.draft_len)  # fmt: skip
+                    len(reqs) * window.shape.rows, len(reqs) * window.shape.draft_len, batch_round)  # fmt: skip
 
 
 def probe_round(window, result, i: int) -> dict:

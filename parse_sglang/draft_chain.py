@@ -21,9 +21,9 @@ graph or backend exists.
 An adaptive server drafts at several lengths (tiers, parse_sglang/adaptive.py): each tier L
 has its own chain of L + 2 steps, with its own multi-step attention backend, topk=1 chain
 buffers and graphs (`ChainTier`, all kept: a captured graph reads its buffers at their
-addresses), and `draft(..., length)` runs the tier's. Tier 0 (a plain decode step) has no
-chain: the draft is skipped and extended over the skipped tokens when drafting resumes
-(`catch_up`, one draft extend).
+addresses), and `draft(..., length)` runs the tier's. Tier 0 (plain decode steps) has no
+chain: the draft idles (`idle` counts the tokens it missed) and is extended over them when
+drafting resumes (`catch_up`, one draft extend).
 
 Greedy requests draft the argmax. Where drafts are sampled (`samples`: the server's judge is
 on, so that samples of one prompt do not share the draft's argmax text as their judged spans,
@@ -148,20 +148,17 @@ class DraftChain(StandaloneDraftWorker):
         for req in batch.reqs:
             req.parse_draft_behind = 0  # a prefill (or a retracted request's re-prefill) covers every token
 
+    def idle(self, reqs, tokens: int) -> None:
+        """An adaptive server's tier-0 round committed `tokens` tokens per request without the
+        draft: they are counted as missing from the draft's KV, and the next round that drafts
+        first extends the draft over what is missing (`catch_up`)."""
+        for req in reqs:
+            req.parse_draft_behind = getattr(req, "parse_draft_behind", 0) + tokens
+
     def draft(self, batch: ScheduleBatch, last_tokens: torch.Tensor, rows: torch.Tensor, length: int):
         """(drafts [bs, L] d_1..d_L, proposals [bs, L, V] or None for an all-greedy batch,
-        whether the chain ran as one graph replay) at draft length L = `length`; rows: the
-        batch's req_pool_indices. At L = 0 (an adaptive server's tier 0) nothing runs: each
-        request's c_n is counted as missing from the draft's KV, and the next round that drafts
-        first extends the draft over what is missing (`catch_up`)."""
-        bs = last_tokens.shape[0]
-        if length == 0:
-            for req in batch.reqs:
-                req.parse_draft_behind = getattr(req, "parse_draft_behind", 0) + 1
-            sampled = self.samples and not batch.sampling_info.is_all_greedy  # the chain's q: [bs, 0, V]
-            vocab = self.draft_runner.model_config.vocab_size
-            proposals = torch.empty((bs, 0, vocab), device=self.device) if sampled else None
-            return last_tokens.new_empty((bs, 0)), proposals, True
+        whether the chain ran as one graph replay) at draft length L = `length` > 0; rows: the
+        batch's req_pool_indices."""
         self.catch_up(batch, rows)
         chain, proposals, graphed = self._run_chain(batch, last_tokens, length)
         steps = slice(1, 1 + length)

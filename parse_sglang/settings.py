@@ -58,8 +58,11 @@ class ParseConfig:
         target's decode CUDA graph is captured. Server-wide.
     adaptive: each round's L chosen among `adaptive_tiers` by measured cost and the acceptance
         seen (parse_sglang/adaptive.py); off: every round drafts L. Server-wide.
-    adaptive_tiers: the draft lengths an adaptive server chooses among (0: a plain decode step);
+    adaptive_tiers: the draft lengths an adaptive server chooses among (0: plain decode steps);
         empty: DEFAULT_TIERS up to L, and L. Server-wide.
+    tier0_steps: the plain decode steps one tier-0 round runs back to back on the device (at
+        most L + 1 and the batch's longest output left; 1 where a step's token must reach the
+        host before the next is sampled: grammar, penalties, logprobs). Server-wide.
     cost_table: a JSON file `python -m parse_sglang.profile_cost` wrote: the adaptive server's
         costs, fixed (empty: measured from its own rounds). Server-wide.
     """
@@ -76,6 +79,7 @@ class ParseConfig:
     verify_window: str = "auto"
     adaptive: bool = False
     adaptive_tiers: tuple[int, ...] = ()
+    tier0_steps: int = 4
     cost_table: str = ""
 
     def __post_init__(self):
@@ -110,6 +114,7 @@ class ParseConfig:
         ):
             raise ValueError(f"adaptive_tiers={tiers!r} is invalid: allowed is a list of integers in [0, 1024]")
         object.__setattr__(self, "adaptive_tiers", tuple(sorted(set(tiers))))
+        _check_int("tier0_steps", self.tier0_steps, 1, 64)
         if not isinstance(self.cost_table, str):
             raise ValueError(f"cost_table={self.cost_table!r} is invalid: allowed is a file path (a string)")
 

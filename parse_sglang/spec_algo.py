@@ -36,7 +36,7 @@ from parse_sglang.scheduler_patches import (
     verify_graph,
 )
 from parse_sglang.scheduler_patches.verify_graph import capturing_window
-from parse_sglang.settings import fixed_window_shape, judge_probe_for, server_parse_config, window_shapes
+from parse_sglang.settings import ParseConfig, fixed_window_shape, judge_probe_for, server_parse_config, window_shapes
 
 logger = logging.getLogger(__name__)
 
@@ -123,6 +123,8 @@ def validate_parse_server_args(sa) -> None:
         _refuse("SGLANG_ENABLE_METADATA_GLUE_GRAPH", True, "unset or 0 (PARSE plans its verify on the host every round)")
     if config.uses_probe:  # fails here, at startup, if the chat template yields no judge probe
         judge_probe_for(sa.tokenizer_path or sa.model_path, config.judge_question, bool(sa.trust_remote_code))
+    if config.tier0_steps != ParseConfig.tier0_steps and not config.adaptive:
+        _refuse("--parse-config tier0_steps", config.tier0_steps, 'unset unless "adaptive": true')
     if config.cost_table:  # and here if the cost table cannot be read
         from parse_sglang.adaptive import CostTable
 

@@ -71,18 +71,20 @@ class RequestPolicy:
     judged: bool  # the judge may extend this request's acceptance (its config says how)
     stop_ids: frozenset  # token ids that end the output (EOS, stop_token_ids); empty: ignore_eos
     phase: Optional[list] = None  # tokens of its target phase so far (target_phase.py); None: not in one
+    left: Optional[int] = None  # output tokens it may still emit (max_new_tokens); None: no limit
 
 
 def request_policy(req, server: ParseConfig) -> RequestPolicy:
     """This round's policy for `req`."""
     settings = request_settings(req, server)
     config, params = settings.config, req.sampling_params
-    budget = config.draft_budget
+    budget, left = config.draft_budget, None
     if params.max_new_tokens is not None:  # one token of what is left is the round's bonus
-        budget = min(budget, max(params.max_new_tokens - len(req.output_ids) - 1, 1))
+        left = params.max_new_tokens - len(req.output_ids)
+        budget = min(budget, max(left - 1, 1))
     phase = in_target_phase(req)
     judged = config.judge and req.grammar is None and phase is None
-    return RequestPolicy(config, budget, judged, settings.stop_ids, phase)
+    return RequestPolicy(config, budget, judged, settings.stop_ids, phase, left)
 
 
 def cut_at_stop(draft: Sequence[int], stop_ids: frozenset) -> int:

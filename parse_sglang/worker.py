@@ -27,8 +27,9 @@ Conventions this worker keeps with SGLang's scheduler (sync V2 schema, no overla
   it (`verify_window` "auto"), else the batch's own probe count; a batch in which no request
   probes verifies only its L+1 chain rows (captured as a graph of its own).
 - The round's L is the server's, or with `adaptive` the tier `adaptive.AdaptiveDraftLength`
-  chooses for the batch (tier 0: a plain decode step, the draft idle), from the costs it measured at the
-  round's host/device crossings and the acceptance it saw.
+  chooses for the batch, from the costs it measured at the round's host/device crossings and
+  the acceptance it saw. Tier 0 (`_decode_steps`): up to `tier0_steps` plain decode steps back
+  to back on the device, the draft idle, the result on the host once.
 - Output: `next_token_ids` is [bs * (L+1)], request i's emitted tokens d_1..d_a, t_a at
   i*(L+1) .. i*(L+1)+a; `accept_lens` = a + 1 (bonus included).
 - The exact part of acceptance is SGLang's own chain verification (`eagle_sample` on the
@@ -173,7 +174,9 @@ class ParseWorker(BaseSpecWorker):
         """One PARSE round for every request of a decode batch (DESIGN.md §1, steps 1-9)."""
         committed = Committed.of(batch, self.device)
         policies = [request_policy(req, self.config) for req in batch.reqs]
-        length = self._draft_length(batch.reqs, policies)  # L: the server's, or the adaptive tier
+        length, steps = self._draft_length(batch, policies)  # L: the server's, or the adaptive tier
+        if length == 0:  # tier 0: plain decode steps, the draft idle
+            return self._decode_steps(batch, committed, policies, steps)
         drafts, proposals, draft_graphed = self._draft(batch, committed, length)  # 1. d_1..d_L (and their q)
         window = self._plan_window(committed, drafts, policies)  # 2.-5. boundaries, probes, mask
         chain_logits, probe_logits, verify_graphed = self._verify(batch, committed, window)  # 6. ONE forward
@@ -183,22 +186,63 @@ class ParseWorker(BaseSpecWorker):
         self._record(batch.reqs, window, accepted, graphed)  # counters, target phases
         return self._result(batch, committed, window, accepted, chain_logits, graphed)  # 9. SGLang commits
 
-    def _draft_length(self, reqs, policies) -> int:
+    def _draft_length(self, batch: ScheduleBatch, policies) -> tuple[int, int]:
         """The round's L: the server's, or the tier the adaptive controller chooses (rank 0's
-        on a tensor-parallel server: its costs are its own measurements)."""
+        on a tensor-parallel server: its costs are its own measurements); and the decode steps
+        a tier-0 round runs: `tier0_steps`, at most L + 1 (the slots SGLang reserves per round)
+        and the longest output a request has left, and 1 where a step's token must reach the
+        host before the next is sampled (a grammar, penalties) or logprobs are returned (every
+        rank knows the same of its batch)."""
         if self.adaptive is None:
-            return self.config.draft_budget
+            return self.config.draft_budget, 1
+        info = batch.sampling_info
+        stepwise = batch.has_grammar or batch.return_logprob or (
+            info.acc_additive_penalties is not None or info.acc_scaling_penalties is not None)
+        longest = max(self.config.tier0_steps if p.left is None else p.left for p in policies)
+        steps = 1 if stepwise else max(min(self.config.tier0_steps, self.config.draft_budget + 1, longest), 1)
         probes = self.probe is not None and any(p.judged and p.config.uses_probe for p in policies)
 
-        def rows_of(length: int) -> int:
-            return fixed_window_shape(self.config, len(self.probe.suffix_ids) if probes else 0, length).rows
+        def rows_of(length: int) -> int:  # the chain alone where no request of the batch probes
+            return fixed_window_shape(self.config, len(self.probe.suffix_ids), length).rows if probes else length + 1
 
-        return self.tp.share_length(self.adaptive.choose(reqs, policies, rows_of))
+        return self.tp.share_length(self.adaptive.choose(batch.reqs, policies, rows_of, steps)), steps
+
+    def _decode_steps(self, batch: ScheduleBatch, committed: Committed, policies, steps: int):
+        """Tier 0: `steps` plain decode steps for the batch, back to back on the device: each a
+        verify window of c alone at P + j (SGLang's own zero-step EAGLE round) and SGLang's
+        sampling of its row, whose token is the next step's c. SGLang commits the steps' tokens
+        as one run (the KV of c_n and the first steps - 1 tokens is written); the result comes
+        to the host once, and each step is counted as a round of L = 0."""
+        bs = len(batch.reqs)
+        no_drafts = torch.empty((bs, 0), dtype=torch.int64)  # on the host: nothing to copy
+        no_proposals = None  # the rejection rule's q of a sampled batch: [bs, 0, V]
+        if self.rejection_sampling and not batch.sampling_info.is_all_greedy:
+            no_proposals = torch.empty((bs, 0, self.model_runner.model_config.vocab_size), device=self.device)
+        tokens, graphed = [committed.last_tokens], True
+        for j in range(steps):
+            step = Committed(committed.seq_lens + j, committed.seq_lens_cpu + j, committed.rows, tokens[-1])
+            window = self._plan_window(step, no_drafts, policies)
+            chain_logits, probe_logits, step_graphed = self._verify(batch, step, window)
+            accepted = self._accept(batch, step, window, chain_logits, probe_logits, no_proposals)
+            accepted = self.tp.share_accepted(accepted)
+            tokens.append(accepted.emitted[:, 0])
+            graphed = graphed and step_graphed
+        if steps > 1:  # every step's token kept: a = steps - 1 per request, a constant per shape
+            kept = self.constants.cached(("decode_steps", bs, steps),
+                                         lambda: torch.full((bs,), steps - 1, device=self.device))  # fmt: skip
+            accepted = Accepted(torch.stack(tokens[1:], dim=1), kept, kept, accepted.verdict)
+        self._draft_worker.idle(batch.reqs, steps)
+        for req in batch.reqs:  # SGLang counts one verify (of 0 correct drafts) per round; each step is one
+            req.spec_verify_ct += steps - 1
+            for _ in range(steps - 1):
+                req.update_spec_correct_drafts_histogram(0)
+        self._record(batch.reqs, window, accepted, graphed, steps)
+        return self._result(batch, committed, window, accepted, chain_logits, graphed, steps)
 
     def _draft(self, batch: ScheduleBatch, committed: Committed, length: int):
         """[bs, L] draft d_1..d_L from c_n, their proposal distributions [bs, L, V] (None for an
         all-greedy batch), and whether the draft ran as one graph replay (`DraftChain.draft`:
-        L+1 draft decode steps; at L = 0 none)."""
+        L+1 draft decode steps)."""
         self._set_lengths(batch, committed)
         return self._draft_worker.draft(batch, committed.last_tokens, committed.rows, length)
 
@@ -294,22 +338,26 @@ class ParseWorker(BaseSpecWorker):
         emitted.scatter_(1, accepted[:, None], bonus[:, None])
         return Accepted(emitted, accepted, torch.minimum(exact, accepted), verdict)
 
-    def _record(self, reqs, window: Window, accepted: Accepted, graphed: bool) -> None:
+    def _record(self, reqs, window: Window, accepted: Accepted, graphed: bool, steps: int = 1) -> None:
         """The round's result on the host (its one copy back): counters, target phases, and
-        what the adaptive controller learns (the round's costs, each request's acceptance)."""
+        what the adaptive controller learns (the round's costs, each request's acceptance);
+        steps: the verify passes of a tier-0 round."""
         result = round_result(accepted)
         if self.adaptive is not None:
-            self.adaptive.observe_round(reqs, window.shape.draft_len, window.shape.rows, window.plan, result)
-        record_round_stats(self.totals, reqs, window, result, graphed)
+            self.adaptive.observe_round(reqs, window.shape.draft_len, window.shape.rows, window.plan, result, steps)
+        record_round_stats(self.totals, reqs, window, result, graphed, steps)
         update_target_phases(
             self.texts, reqs, window.configs, window.plan.judged.tolist(), window.plan.draft_lens.tolist(),
             result.lengths, result.emitted,
         )  # fmt: skip
 
-    def _result(self, batch, committed: Committed, window: Window, accepted: Accepted, chain_logits, graphed: bool):
+    def _result(self, batch, committed: Committed, window: Window, accepted: Accepted, chain_logits, graphed: bool,
+                steps: int = 1):  # fmt: skip
         """What SGLang's scheduler commits; `graphed` (the draft chain and the verify both ran
-        as graph replays) is what its decode log and metrics report as "cuda graph"."""
-        width = window.chain_rows
+        as graph replays) is what its decode log and metrics report as "cuda graph"; steps:
+        the tokens per request that are no accepted draft (the bonus, or a tier-0 round's
+        decode steps)."""
+        width = accepted.emitted.shape[1]
         chain_output = LogitsProcessorOutput(next_token_logits=chain_logits)
         next_token_ids = accepted.emitted.reshape(-1).to(torch.int32)
         if batch.return_logprob:
@@ -323,6 +371,7 @@ class ParseWorker(BaseSpecWorker):
             new_seq_lens=committed.seq_lens + accepted.accept_lens,
             next_draft_input=next_round_input(bonus),
             speculative_num_draft_tokens=width,
+            num_non_draft_tokens_per_req=steps,
             can_run_cuda_graph=graphed,
         )
 

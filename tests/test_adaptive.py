@@ -31,7 +31,9 @@ def linear_costs(step_s: float = 0.002, verify_s: float = 0.02, row_s: float = 1
 
 
 def policies(n: int, budget: int = 32, judged: bool = False, stride: int = 4):
-    return [SimpleNamespace(budget=budget, judged=judged, config=SimpleNamespace(probe_stride=stride)) for _ in range(n)]
+    """RequestPolicy's fields the controller reads: a request with `budget + 1` tokens left."""
+    return [SimpleNamespace(budget=budget, judged=judged, left=budget + 1, config=SimpleNamespace(probe_stride=stride))
+            for _ in range(n)]  # fmt: skip
 
 
 def rows_of(tier: int) -> int:
@@ -231,6 +233,29 @@ def test_tier_zero_is_probed_again_at_a_bounded_cost_with_backoff():
     assert controller._backoff == 1
 
 
+def test_tier_zero_decode_steps_are_priced_per_step_and_pay_the_round_once():
+    """A tier-0 round of k decode steps: its measured rest is kept per step (the one-row verify
+    cell), it is priced as the round's fixed part plus k steps and valued at k tokens per request
+    (at most a request's budget + 1), and k steps count towards the next probe."""
+    online = AdaptiveDraftLength((0, 4), CostTable())
+    req = [SimpleNamespace()]
+    zero = SimpleNamespace(draft_lens=torch.zeros(1, dtype=torch.int64))
+    for _ in range(2):  # the warm-up, then a counted round
+        online.observe(req, 0, 1, zero, SimpleNamespace(lengths=[3]), draft_s=0.05, rest_s=0.04, steps=4)
+    assert online.costs.rest[1, 1] == pytest.approx(0.01) and online.costs.draft[1, 0] == pytest.approx(0.05)
+    assert online.costs.cost(1, 0, 1, steps=4) == pytest.approx(0.05 + 4 * 0.01)
+    assert online._zero_streak == 8
+    # a round's fixed part (0.05 s) outweighs a step (0.01 s): one step per round loses to tier 4
+    # (the prior's 0.94 expected tokens over 72 ms), four steps per round win
+    costs = CostTable(draft={(1, 0): 0.05, (1, 4): 0.06}, rest={(1, 1): 0.01, (1, 5): 0.012}, fixed=True)
+    assert AdaptiveDraftLength((0, 4), costs).choose(req, policies(1), rows_of, steps=1) == 4
+    assert AdaptiveDraftLength((0, 4), costs).choose(req, policies(1), rows_of, steps=4) == 0
+    # a request with two tokens left gets two of the four steps' tokens
+    assert AdaptiveDraftLength((0, 4), costs).choose(req, policies(1, budget=1), rows_of, steps=4) == 0
+    rates = 2 / costs.cost(1, 0, 1, steps=4), 4 / costs.cost(1, 0, 1, steps=4)
+    assert rates[0] < rates[1]
+
+
 @pytest.mark.parametrize(
     "values, message",
     [
@@ -239,6 +264,8 @@ def test_tier_zero_is_probed_again_at_a_bounded_cost_with_backoff():
         ({"adaptive": True, "adaptive_tiers": "0,4"}, "adaptive_tiers='0,4' is invalid"),
         ({"adaptive": True, "adaptive_tiers": [0, 64]}, r"adaptive_tiers=\[0, 64\] is invalid: \[64\] exceed the draft budget L=32"),
         ({"adaptive": True, "cost_table": 3}, "cost_table=3 is invalid: allowed is a file path"),
+        ({"adaptive": True, "tier0_steps": 0}, r"tier0_steps=0 is invalid: allowed is an integer in \[1, 64\]"),
+        ({"adaptive": True, "tier0_steps": 2.5}, r"tier0_steps=2.5 is invalid"),
     ],
 )
 def test_bad_adaptive_settings_are_refused_by_name(values, message):

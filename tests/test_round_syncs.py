@@ -48,24 +48,31 @@ def test_counter_counts_what_would_sync_on_a_gpu():
     assert mixed.shape == (3, 2) and kept.numel() == 7 and total > 0
 
 
-@pytest.fixture(scope="module")
-def probe_records(tiny_pair, engine_factory, tmp_path_factory):
-    """Per-round records of a judged PARSE engine serving a mixed batch: the probe judge,
-    the likelihood judge, judge off, probe scores returned."""
-    out = tmp_path_factory.mktemp("probe") / "rounds.json"
+def serve_probed(engine_factory, tiny_pair, config: ParseConfig, params, out):
+    """BATCH_PROMPTS served by a PARSE engine whose rounds the round probe records: (the
+    outputs, the per-round records, the server's totals)."""
     path = os.pathsep.join(filter(None, [os.path.join(ROOT, "support", "round_probe"), ROOT, os.environ.get("PYTHONPATH")]))
     with pytest.MonkeyPatch.context() as env:
         env.setenv("PARSE_ROUND_PROBE_OUT", str(out))
         env.setenv("PYTHONPATH", path)
-        with engine_factory(tiny_pair[0], **parse_engine_kwargs(tiny_pair[1], JUDGED)) as engine:
-            settings = [{}, {"judge_mode": "likelihood", "likelihood_threshold": 0.02}, {"judge": False},
-                        {"return_probe_scores": True, "threshold": 0.1}]  # fmt: skip
-            params = [{"max_new_tokens": MAX_NEW, "temperature": 0.0, "custom_params": {"parse": settings[i % 4]}}
-                      for i in range(len(BATCH_PROMPTS))]  # fmt: skip
+        with engine_factory(tiny_pair[0], **parse_engine_kwargs(tiny_pair[1], config)) as engine:
             outs = engine.generate(BATCH_PROMPTS, params)
             totals = engine.get_server_info()["internal_states"][0]["parse"]
+    return outs, json.loads(out.read_text()), totals
+
+
+@pytest.fixture(scope="module")
+def probe_records(tiny_pair, engine_factory, tmp_path_factory):
+    """Per-round records of a judged PARSE engine serving a mixed batch: the probe judge,
+    the likelihood judge, judge off, probe scores returned."""
+    settings = [{}, {"judge_mode": "likelihood", "likelihood_threshold": 0.02}, {"judge": False},
+                {"return_probe_scores": True, "threshold": 0.1}]  # fmt: skip
+    params = [{"max_new_tokens": MAX_NEW, "temperature": 0.0, "custom_params": {"parse": settings[i % 4]}}
+              for i in range(len(BATCH_PROMPTS))]  # fmt: skip
+    out = tmp_path_factory.mktemp("probe") / "rounds.json"
+    outs, records, totals = serve_probed(engine_factory, tiny_pair, JUDGED, params, out)
     assert all(len(o["output_ids"]) == MAX_NEW for o in outs)
-    return json.loads(out.read_text()), totals
+    return records, totals
 
 
 def test_three_host_device_crossings_per_round(probe_records):
@@ -112,3 +119,24 @@ def test_tier0_round_plans_without_crossing(cpu_runtime):
     tier0 = plan(0, first)
     assert tier0.draft_lens.tolist() == [0, 0] and tier0.plan.draft_lens.tolist() == [0, 0]
     assert not tier0.judge_on.any() and not tier0.uses_probe.any() and tier0.verify_input.positions.tolist() == [3, 4]
+
+
+def test_tier0_decode_steps_read_the_device_once_per_round(tiny_pair, engine_factory, tmp_path):
+    """An adaptive server whose costs make tier 0 win every round (a draft step priced at 1 s):
+    each round runs up to 4 decode steps, each step's token the next one's input on the device;
+    PARSE's code reads the device once per round (the result, in `_record`) and copies nothing
+    to it after a batch size's first round (which makes the tier-0 plan it keeps), however many
+    steps the round ran."""
+    costs = tmp_path / "costs.json"
+    costs.write_text(json.dumps({"draft": [{"bucket": 16, "L": L, "seconds": float(L)} for L in (0, 4)],
+                                 "rest": [{"bucket": 16, "rows": r, "seconds": 1e-3} for r in (1, 5)]}))  # fmt: skip
+    config = ParseConfig(draft_budget=4, adaptive=True, adaptive_tiers=[0], cost_table=str(costs), judge=False)
+    params = {"max_new_tokens": MAX_NEW, "temperature": 0.0}
+    outs, records, totals = serve_probed(engine_factory, tiny_pair, config, params, tmp_path / "rounds.json")
+    assert all(len(o["output_ids"]) == MAX_NEW for o in outs)
+    assert totals["mean_draft_length"] == 0.0 and totals["verify_passes"] >= 3 * totals["batch_rounds"], totals
+    first = {r["batch_size"]: i for i, r in reversed(list(enumerate(records)))}
+    counted = [r for i, r in enumerate(records) if r["kind"] == "count" and first[r["batch_size"]] != i]
+    assert len(counted) >= 2 and max(r["batch_size"] for r in counted) > 4
+    for r in counted:
+        assert [(direction, step) for direction, step, *_ in r["parse"]] == [("device_to_host", "_record")], r["parse"]

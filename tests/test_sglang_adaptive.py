@@ -102,6 +102,33 @@ def test_useless_draft_runs_tier_zero(tiny_pair, drafts, pinned_costs, engine_fa
     assert totals["mean_draft_length"] < 1.0
 
 
+def test_tier_zero_runs_its_decode_steps_back_to_back(tiny_pair, drafts, pinned_costs, engine_factory, target_greedy):
+    """tier0_steps = 4: a tier-0 round is up to 4 decode steps in one scheduler round, each
+    counted as a round of L = 0 (by PARSE and in SGLang's spec_verify_ct and acceptance
+    histogram: one per target forward); outputs stay the target's. A batch with penalties
+    steps one token per round (each step's penalties need the tokens before it). The server
+    has the probe judge and its requests turn it off: a batch in which no request probes is
+    priced by its chain rows alone."""
+    config = adaptive(pinned_costs, judge_mode="probe", tier0_steps=4)
+    lossless = {"parse": {**SCORES["parse"], "judge": False}}
+    with engine_factory(tiny_pair[0], **parse_engine_kwargs(drafts["useless"], config)) as engine:
+        outs = engine.generate(BATCH_PROMPTS, {"max_new_tokens": MAX_NEW, "temperature": 0.0,
+                                               "custom_params": lossless})  # fmt: skip
+        stepped = engine.get_server_info()["internal_states"][0]["parse"]
+        engine.generate(BATCH_PROMPTS, {"max_new_tokens": 16, "temperature": 0.0, "frequency_penalty": 0.5})
+        penalized = engine.get_server_info()["internal_states"][0]["parse"]
+    assert_lossless(outs, target_greedy)
+    for out in outs:
+        meta = out["meta_info"]
+        assert meta["spec_verify_ct"] == meta["parse"]["rounds"] == meta["completion_tokens"] - 1  # nothing accepted
+        assert sum(meta["spec_correct_drafts_histogram"]) == meta["spec_verify_ct"]
+        lengths = [r["length"] for r in meta["parse"]["probe_scores"]]
+        assert lengths.count(0) >= 0.8 * len(lengths), lengths
+    assert stepped["verify_passes"] > 2 * stepped["batch_rounds"], stepped
+    passes, rounds = (penalized[k] - stepped[k] for k in ("verify_passes", "batch_rounds"))
+    assert passes == rounds > 0
+
+
 def test_identical_draft_runs_the_longest_tier(tiny_pair, drafts, pinned_costs, engine_factory, target_greedy):
     """From tier 0 (the prior) to the longest tier once a probe keeps everything; each round that
     drafts again after tier-0 rounds first extends the draft over the tokens they committed

@@ -373,6 +373,8 @@ def test_bad_request_settings_are_refused_by_name(judged_engine):
         ({"enable_hierarchical_cache": True}, "--enable-hierarchical-cache=True: allowed is off"),
         ({"speculative_adaptive": True}, r"--speculative-adaptive=True: allowed is off \(EAGLE's\); PARSE's adaptive draft length is --parse-config"),
         ({"speculative_accept_threshold_single": 0.5}, "judge threshold τ is --parse-config"),
+        ({"parse_config": {"tier0_steps": 2}}, r"--parse-config tier0_steps=2: allowed is unset unless \"adaptive\""),
+        ({"parse_config": {"cost_table": "c.json"}}, r"--parse-config cost_table='c.json': allowed is unset unless"),
     ],
 )
 def test_startup_refuses_bad_settings_by_name(tiny_pair, cpu_runtime, settings, message):

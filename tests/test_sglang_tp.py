@@ -21,6 +21,7 @@ coins, greedy in effect) and shut down:
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import re
 
@@ -43,7 +44,7 @@ def greedy(parse: dict) -> dict:
     return {"max_new_tokens": MAX_NEW, "temperature": 0.0, "custom_params": {"parse": parse}}
 
 
-def serve(tiny_pair, tp_size: int, fault: str | None = None) -> dict:
+def serve(tiny_pair, tp_size: int, fault: str | None = None, config: ParseConfig = JUDGED) -> dict:
     """Start a PARSE engine, run the lossless, the judged and the cold sampled batch, shut it
     down; returns {"lossless": [...], "judged": [...], "cold": [...]} of (output_ids, meta_info["parse"])."""
     # Sampled, yet only the argmax survives top-p: the sampling path with one outcome (a tiny
@@ -55,7 +56,7 @@ def serve(tiny_pair, tp_size: int, fault: str | None = None) -> dict:
             patch.setenv(CPU_BIND_ENV, os.environ.get(CPU_BIND_ENV, "0|1"))
         if fault is not None:
             patch.setenv(FAULT_ENV, fault)
-        with sglang_engine(tiny_pair[0], tp_size=tp_size, **parse_engine_kwargs(tiny_pair[1], JUDGED)) as engine:
+        with sglang_engine(tiny_pair[0], tp_size=tp_size, **parse_engine_kwargs(tiny_pair[1], config)) as engine:
             return {
                 name: [(out["output_ids"], out["meta_info"]["parse"]) for out in engine.generate(TP_PROMPTS, params)]
                 for name, params in batches.items()
@@ -81,6 +82,17 @@ def tp2(tiny_pair, cpu_runtime):
 @pytest.fixture(scope="module")
 def tp2_skewed(tiny_pair, cpu_runtime):
     return serve(tiny_pair, 2, fault="skew")
+
+
+@pytest.fixture(scope="module")
+def tp2_tier0(tiny_pair, cpu_runtime, tmp_path_factory):
+    """An adaptive TP=2 server whose cost table (a draft step priced at 1 s) keeps every round
+    at tier 0: rounds of decode steps, each step's tokens broadcast from rank 0."""
+    costs = tmp_path_factory.mktemp("tp_costs") / "costs.json"
+    costs.write_text(json.dumps({"draft": [{"bucket": 8, "L": L, "seconds": float(L)} for L in (0, 6)],
+                                 "rest": [{"bucket": 8, "rows": r, "seconds": 1e-3} for r in (1, 7)]}))  # fmt: skip
+    config = dataclasses.replace(JUDGED, adaptive=True, adaptive_tiers=(0,), cost_table=str(costs))
+    return serve(tiny_pair, 2, config=config)
 
 
 @pytest.fixture(scope="module")
@@ -254,6 +266,15 @@ def test_broadcasts_keep_skewed_ranks_equal(tp1, tp2_skewed, target_greedy):
     """Rank 1 disagrees with rank 0 on everything it decides; the broadcasts overrule it."""
     assert ids(tp2_skewed["lossless"]) == target_greedy and ids(tp2_skewed["cold"]) == target_greedy
     assert tp2_skewed["judged"] == tp1["judged"]
+
+
+@pytest.mark.sglang
+def test_tp2_tier0_decode_steps_equal_target_greedy(tp2_tier0, target_greedy):
+    """Tier 0 at TP=2: both ranks run the same decode steps per round (their collectives
+    match), and greedy and sampled outputs are the target's."""
+    assert ids(tp2_tier0["lossless"]) == target_greedy and ids(tp2_tier0["cold"]) == target_greedy
+    stats = [parse for _, parse in tp2_tier0["lossless"] + tp2_tier0["judged"]]
+    assert all(s["draft_length"] == 0 and s["rounds"] == MAX_NEW - 1 for s in stats), stats
 
 
 @pytest.mark.sglang

@@ -11,7 +11,9 @@ after it, on the same rank, this patch logs PARSE's view of the same batches and
 (one line). "accept len" is computed from PARSE's counters (`parse_sglang/counters.py`: one
 bonus token plus the accepted draft tokens per round; "tokens" are those the rounds emitted),
 SGLang's from the accept lengths the worker hands back, over the same batches, so the two are
-equal, and "rounds" equals the sum of SGLang's "#running-req" over those batches. It is where
+equal, and "rounds" equals the sum of SGLang's "#running-req" over those batches (except on an
+adaptive server whose tier-0 rounds run k decode steps: SGLang counts such a round as one of k
+tokens, PARSE as k rounds of one token, one per target forward). It is where
 a user of a tool that shows no accept length (`python -m sglang.benchmark.offline_throughput`)
 reads PARSE's.
 

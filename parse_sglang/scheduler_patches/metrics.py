@@ -4,7 +4,9 @@ Metrics, with the labels of SGLang's own scheduler metrics (model_name, engine_t
 
     sglang:parse_requests_total          requests that ran at least one PARSE round
     sglang:parse_rounds_total            request-rounds
-    sglang:parse_verify_passes_total     target verify forwards (one per batch round)
+    sglang:parse_verify_passes_total     target verify forwards (one per batch round, k per tier-0
+                                         round of k decode steps)
+    sglang:parse_batch_rounds_total      the worker's rounds of a whole batch (scheduler decode steps)
     sglang:parse_draft_length_total      the draft lengths L of the request-rounds, summed (/ rounds:
                                          the mean L, an adaptive server's mean tier)
     sglang:parse_draft_tokens_total      draft tokens verified
@@ -49,7 +51,8 @@ PREFIX = "sglang:parse_"
 DOCS = {
     "requests": "Requests that ran at least one PARSE round.",
     "rounds": "PARSE request-rounds (draft, one verify pass, accept).",
-    "verify_passes": "PARSE target verify forwards (one per batch round).",
+    "verify_passes": "PARSE target verify forwards (one per batch round, k per tier-0 round of k decode steps).",
+    "batch_rounds": "PARSE rounds of a whole batch (one per scheduler decode step).",
     "graph_passes": "PARSE batch rounds whose draft chain and verify pass both replayed CUDA graphs.",
     "verify_rows": "Window rows PARSE's verify passes ran (requests x N = 1 + L + K*m each).",
     "draft_length": "Draft lengths L of PARSE's request-rounds, summed (divided by the rounds: the mean L).",

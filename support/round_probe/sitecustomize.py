@@ -88,6 +88,9 @@ if os.environ.get("PARSE_ROUND_PROBE_OUT"):
                             value = value.clone()
                             setattr(batch, name, value)
                         counter.mark_host(value)
+                for key, made in worker.constants._made.items():  # the tier-0 plan kept since an earlier
+                    if key[0] == "nothing_drafted":  # round: its host half (`window_plan.nothing_drafted`)
+                        counter.mark_host(list(vars(made[0]).values()))
                 with counter:
                     out = fn(worker, batch)
                 _state["counter"] = None
