@@ -6,9 +6,11 @@ tier and batch size on this machine, print the table, and write it for `cost_tab
         [--out costs.json] [--engine-arg KEY=VALUE ...]
 
 For each tier t one adaptive engine whose only tier is t (L = t; for tier 0, L = 1 and tiers
-{0, 1}: L >= 1) serves batches of concurrent requests of each size; its worker measures its own rounds (`adaptive.CostTable`: the first round of a cell
-is a warm-up, not counted) and reports the table through `get_server_info()`; the tables are
-merged (a cell measured by several engines: the last). Then
+{0, 1}: L >= 1, so its rounds run at most 2 decode steps; the table keeps their rest per step,
+as a server with any `tier0_steps` does) serves batches of concurrent requests of each size; its worker
+measures its own rounds (`adaptive.CostTable`: the first round of a cell is a warm-up, not
+counted) and reports the table through `get_server_info()`; the tables are merged (a cell
+measured by several engines: the last). Then
 
     --parse-config '{"adaptive": true, "cost_table": "costs.json"}'
 
