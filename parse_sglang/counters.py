@@ -66,9 +66,11 @@ PROBE_SCORES = "probe_scores"
 
 
 def record_round(
-    req, draft_length: int, draft_tokens: int, exact: int, judged: int, judge_probes: int, probe_round: Optional[dict]
+    req, draft_length: int, draft_tokens: int, exact: int, judged: int, judge_probes: int, probe_round: Optional[dict],
+    rounds: int = 1,
 ) -> bool:
-    """Count one round of `req` and publish its counters; returns True on its first round.
+    """Count `rounds` identical rounds of `req` (more than one: a tier-0 round's decode steps)
+    and publish its counters; returns True on its first round.
 
     probe_round: the round's `probe_scores` entry, for requests that asked for them.
     """
@@ -76,14 +78,14 @@ def record_round(
     first = stats is None
     if first:
         stats = req.parse_stats = dict.fromkeys(COUNTERS, 0)
-    stats["rounds"] += 1
-    stats["draft_length"] += draft_length
-    stats["draft_tokens"] += draft_tokens
-    stats["accepted_exact"] += exact
-    stats["accepted_judged"] += judged
-    stats["judge_probes"] += judge_probes
+    stats["rounds"] += rounds
+    stats["draft_length"] += draft_length * rounds
+    stats["draft_tokens"] += draft_tokens * rounds
+    stats["accepted_exact"] += exact * rounds
+    stats["accepted_judged"] += judged * rounds
+    stats["judge_probes"] += judge_probes * rounds
     if probe_round is not None:
-        stats.setdefault(PROBE_SCORES, []).append(probe_round)
+        stats.setdefault(PROBE_SCORES, []).extend([probe_round] * rounds)
     if req.customized_info is None:
         req.customized_info = {}
     req.customized_info[STATS_KEY] = [stats]  # pickled when the request's output is sent
@@ -131,17 +133,20 @@ class ServerTotals:
         graphed: bool,
         verify_rows: int,
         draft_length: int,
-        batch_round: bool = True,
+        passes: int = 1,
     ) -> None:
-        """One verify pass over a batch of `rounds` requests; probe_scores: the judge score of
-        each real probe of the pass; graphed: its draft chain and verify replayed graphs;
-        verify_rows: the window rows it ran (rounds x N); draft_length: L x rounds;
-        batch_round: the pass starts a round of the worker (not a tier-0 round's later step)."""
+        """One worker round of `passes` identical verify passes (more than one: a tier-0 round's
+        decode steps) over a batch of `rounds` requests; per pass, probe_scores: the judge score
+        of each real probe; graphed: its draft chain and verify replayed graphs; verify_rows:
+        the window rows it ran (rounds x N); draft_length: L x rounds."""
         counts = dict(
-            requests=new_requests, rounds=rounds, verify_passes=1, batch_rounds=int(batch_round),
-            graph_passes=int(graphed), verify_rows=verify_rows, draft_length=draft_length, draft_tokens=draft_tokens,
-            accepted_exact=exact, accepted_judged=judged, judge_probes=len(probe_scores),
+            requests=new_requests, rounds=rounds, verify_passes=1, graph_passes=int(graphed), verify_rows=verify_rows,
+            draft_length=draft_length, draft_tokens=draft_tokens, accepted_exact=exact, accepted_judged=judged,
+            judge_probes=len(probe_scores),
         )  # fmt: skip
+        counts = {name: value if name == "requests" else value * passes for name, value in counts.items()}
+        counts["batch_rounds"] = 1
+        probe_scores = list(probe_scores) * passes
         for name, increment in counts.items():
             setattr(self, name, getattr(self, name) + increment)
         if _exporter is not None:
@@ -174,17 +179,11 @@ def record_round_stats(totals: ServerTotals, reqs, window, result, graphed: bool
     """Count a round: per request and in `totals`, from the round's host plan (`window.plan`)
     and host result (`acceptance.RoundResult`); judge probes counted are the real ones (a
     boundary of a request judged with the probe). A tier-0 round of `steps` decode steps
-    counts as that many rounds of L = 0, each one target forward and one token."""
+    counts as that many rounds of L = 0, each one target forward and one token (none of them
+    an accepted draft token, whatever run SGLang was handed)."""
     if steps > 1:
         zeros = [0] * len(reqs)
-        step = dataclasses.replace(result, lengths=zeros, exact_tokens=zeros)
-        for i in range(steps):
-            _record_pass(totals, reqs, window, step, graphed, batch_round=i == 0)
-        return
-    _record_pass(totals, reqs, window, result, graphed)
-
-
-def _record_pass(totals: ServerTotals, reqs, window, result, graphed: bool, batch_round: bool = True) -> None:
+        result = dataclasses.replace(result, lengths=zeros, exact_tokens=zeros)
     plan = window.plan
     draft_lens = plan.draft_lens.tolist()
     real_probes = (plan.bounds > 0) & plan.probed[:, None]
@@ -197,9 +196,9 @@ def _record_pass(totals: ServerTotals, reqs, window, result, graphed: bool, batc
     for i, req in enumerate(reqs):
         probes = probe_round(window, result, i) if RETURN_PROBE_SCORES in req.parse_request.outputs else None
         new_requests += record_round(req, window.shape.draft_len, draft_lens[i], exact[i], judged[i], probe_counts[i],
-                                     probes)  # fmt: skip
+                                     probes, steps)  # fmt: skip
     totals.add_pass(new_requests, len(reqs), sum(draft_lens), sum(exact), sum(judged), scores, graphed,
-                    len(reqs) * window.shape.rows, len(reqs) * window.shape.draft_len, batch_round)  # fmt: skip
+                    len(reqs) * window.shape.rows, len(reqs) * window.shape.draft_len, steps)  # fmt: skip
 
 
 def probe_round(window, result, i: int) -> dict:

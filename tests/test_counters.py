@@ -12,6 +12,7 @@ import torch
 from parse_sglang import counters
 from parse_sglang.acceptance import RoundResult
 from parse_sglang.counters import COUNTERS, TOTALS, ServerTotals, record_round, record_round_stats
+from parse_sglang.settings import RETURN_PROBE_SCORES
 
 PACKAGE = Path(counters.__file__).resolve().parent
 
@@ -56,11 +57,11 @@ def test_exporter_receives_every_pass(monkeypatch):
     totals = ServerTotals()
     totals.add_pass(2, 2, 8, 3, 1, [0.25, 0.75], graphed=True, verify_rows=18, draft_length=8)
     totals.add_pass(0, 1, 4, 4, 0, [], graphed=False, verify_rows=5, draft_length=4)
-    totals.add_pass(0, 1, 0, 0, 0, [], graphed=True, verify_rows=1, draft_length=0, batch_round=False)
+    totals.add_pass(0, 1, 0, 0, 0, [], graphed=True, verify_rows=1, draft_length=0, passes=3)
     assert [counts for counts, _ in exporter.passes] == [
         dict(zip(TOTALS, (2, 2, 1, 1, 1, 18, 8, 8, 3, 1, 2))),
         dict(zip(TOTALS, (0, 1, 1, 1, 0, 5, 4, 4, 4, 0, 0))),
-        dict(zip(TOTALS, (0, 1, 1, 0, 1, 1, 0, 0, 0, 0, 0))),  # a tier-0 round's later decode step
+        dict(zip(TOTALS, (0, 3, 3, 1, 3, 3, 0, 0, 0, 0, 0))),  # a tier-0 round of 3 decode steps
     ]
     assert exporter.passes[0][1] == [0.25, 0.75]
     assert set(exporter.passes[0][0]) == set(TOTALS)
@@ -72,16 +73,19 @@ def test_a_tier_zero_round_of_decode_steps_counts_each_step_as_a_round():
     """k decode steps in one worker round: k rounds of L = 0 per request (one target forward and
     one token each), k verify passes, one batch round."""
     reqs, totals = [_Req(), _Req()], ServerTotals()
-    for req in reqs:
-        req.parse_request = SimpleNamespace(outputs=())
+    for req, outputs in zip(reqs, ((RETURN_PROBE_SCORES,), ())):
+        req.parse_request = SimpleNamespace(outputs=outputs)
     plan = SimpleNamespace(draft_lens=torch.zeros(2, dtype=torch.int64), bounds=torch.zeros(2, 0, dtype=torch.int64),
-                           probed=torch.zeros(2, dtype=torch.bool))  # fmt: skip
+                           probed=torch.zeros(2, dtype=torch.bool), likelihood=torch.zeros(2, dtype=torch.bool),
+                           drafts=torch.zeros(2, 0, dtype=torch.int64))  # fmt: skip
     window = SimpleNamespace(plan=plan, shape=SimpleNamespace(draft_len=0, rows=1))
     result = RoundResult(emitted=[[5, 6, 7], [8, 9, 10]], lengths=[2, 2], exact_tokens=[2, 2], probe_scores=None,
                          likelihood=None)  # fmt: skip
     record_round_stats(totals, reqs, window, result, graphed=True, steps=3)
-    for req in reqs:
-        assert req.customized_info[counters.STATS_KEY][0] == dict(zip(COUNTERS, (3, 0, 0, 0, 0, 0)))
+    stats = [req.customized_info[counters.STATS_KEY][0] for req in reqs]
+    assert [{k: s[k] for k in COUNTERS} for s in stats] == [dict(zip(COUNTERS, (3, 0, 0, 0, 0, 0)))] * 2
+    entry = {"length": 0, "draft": [], "accepted": 0, "exact": 0, "probes": [], "likelihood": []}
+    assert stats[0][counters.PROBE_SCORES] == [entry] * 3 and counters.PROBE_SCORES not in stats[1]
     summary = totals.summary()
     passes = (totals.requests, totals.rounds, totals.verify_passes, totals.batch_rounds, totals.graph_passes)
     assert passes == (2, 6, 3, 1, 3)
