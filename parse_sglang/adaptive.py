@@ -27,7 +27,11 @@ own draft-chain and verify graphs on a GPU.
   accepted length, whatever accepted it (exact match, or the judge at a boundary): per draft
   position j, decayed counts of the rounds that reached j and of those that kept it, so
   S(j) = Π_{i ≤ j} kept_i / reached_i and E[accepted | L] = Σ_{j ≤ L} S(j). A request's counts
-  start from `PRIOR_WEIGHT` rounds of the pooled curve. Nonparametric on purpose: a judged
+  start from `PRIOR_WEIGHT` rounds of the pooled curve, and every one of its rounds ages all it
+  has seen, the prior included, by `DECAY`, at every position (down to `PRIOR_WEIGHT_MIN` for the
+  prior): a request's text changes as it goes (a stretch the draft gets right, then one it gets
+  wrong), so its last few rounds decide, and where they reach no further the pooled curve
+  speaks, not what the request saw many rounds ago. Nonparametric on purpose: a judged
   request's acceptance comes in jumps at boundaries and an exact match's in a geometric-like
   decay, and a geometric model of either (this module's first version) overrated long tiers.
 - The choice: the tier maximising Σ_requests (1 + E[accepted | min(tier, its budget)]) over the
@@ -37,8 +41,11 @@ own draft-chain and verify graphs on a GPU.
   instead until it is measured (`EXPLORE_SAMPLES` rounds), so a mispriced tier is corrected
   where it matters and one far from the best never costs a round.
 - A batch kept at tier 0 shows no acceptance: it runs the shortest drafting tier once (a probe)
-  when the decode steps since the last drafting round are enough that the probe costs at most
-  `PROBE_OVERHEAD` of them (by the cost table), and probes that keep finding nothing space out
+  when the decode steps since the last drafting round are enough that the probe's loss, its cost
+  in decode steps less the tokens it emits if it keeps what the pooled curve expects, is at most
+  `PROBE_OVERHEAD` of them (by the cost table): where the server's requests mostly keep their
+  drafts, a request that fell to tier 0 on a bad stretch probes again soon; probes that do not
+  pay for themselves (emit fewer tokens than tier 0 would have in their time) space out
   (doubling, up to `PROBE_BACKOFF_MAX` times).
 """
 
@@ -55,9 +62,10 @@ from typing import Optional, Sequence
 
 logger = logging.getLogger(__name__)
 
-DECAY = 0.8  # weight of the past, per round of a request
+DECAY = 0.6  # weight of the past, the prior included, per round of a request
 POOLED_DECAY = 0.98  # weight of the past, per request-round, of the server's pooled estimate
 PRIOR_WEIGHT = 2.0  # rounds' worth of the pooled estimate a new request starts with
+PRIOR_WEIGHT_MIN = 0.05  # ... and what it keeps however long the request runs
 SAMPLES = 5  # a cost cell is the median of its last SAMPLES rounds (robust to a busy machine's spikes)
 EXPLORE_SAMPLES = 2  # rounds that make a tier's cost in a bucket measured (after its warm-up)
 EXPLORE_MARGIN = 0.95  # a tier priced from other cells is measured where it is this close to the best
@@ -179,6 +187,11 @@ class Survival:
     reached: list = field(default_factory=list)
     kept: list = field(default_factory=list)
 
+    def fade(self, factor: float) -> None:
+        """Every count times `factor`: the rounds seen so far weigh less than the next."""
+        self.reached = [factor * r for r in self.reached]
+        self.kept = [factor * k for k in self.kept]
+
     def observe(self, drafted: int, accepted: int, decay: float) -> None:
         reach = min(accepted + 1, drafted)
         missing = reach - len(self.reached)
@@ -200,6 +213,7 @@ class Acceptance:
     """A request's survival curve of accepted draft tokens, its prior the server's pooled one."""
 
     survival: Survival = field(default_factory=Survival)
+    prior_weight: float = PRIOR_WEIGHT  # rounds' worth of the pooled curve, aged with the request's own
     _sums: list = field(default_factory=list)  # E[accepted | L] for L = 0 .. the longest tier
     _version: int = -1  # the pooled curve's version the sums were made with
 
@@ -209,13 +223,16 @@ class Acceptance:
         if self._version != pooled.version:
             sums, alive = [0.0], 1.0
             for j, prior in enumerate(pooled.keep_rates()):
-                alive *= self.survival.keep_rate(j, prior, PRIOR_WEIGHT)
+                alive *= self.survival.keep_rate(j, prior, self.prior_weight)
                 sums.append(sums[-1] + alive)
             self._sums, self._version = sums, pooled.version
         return self._sums[min(max(length, 0), len(self._sums) - 1)]
 
     def observe(self, drafted: int, accepted: int) -> None:
-        self.survival.observe(drafted, accepted, DECAY)
+        """A round of the request: all it has seen so far, the prior included, ages by DECAY."""
+        self.survival.fade(DECAY)
+        self.prior_weight = max(DECAY * self.prior_weight, PRIOR_WEIGHT_MIN)
+        self.survival.observe(drafted, accepted, 1.0)
         self._version = -1
 
 
@@ -254,7 +271,9 @@ class AdaptiveDraftLength:
         self.costs = costs
         self.pooled = PooledAcceptance(longest=self.tiers[-1])
         self._zero_streak = 0  # tier-0 decode steps since the last round that drafted
-        self._backoff = 1  # probes out of tier 0 space out by this factor while they find nothing
+        self._backoff = 1  # probes out of tier 0 space out by this factor while they do not pay
+        self._probe_pays = 1.0  # tokens per request a probe must emit to beat tier 0 in its time
+        self._typical = Acceptance()  # no rounds of its own: the pooled curve's expectations
         self._clock = {}  # this round's host times at its crossings (its measured costs)
 
     @classmethod
@@ -301,14 +320,21 @@ class AdaptiveDraftLength:
         return max(close, key=lambda t: (rates[t], -t)) if close and not self.costs.fixed else best
 
     def _probe_due(self, bs: int, rows_of) -> Optional[int]:
-        """The shortest drafting tier once tier 0 has run long enough that one round of it costs
-        at most PROBE_OVERHEAD of the decode steps since the last drafting round (times the
-        backoff): a request kept at tier 0 shows no acceptance, and drafts improve."""
+        """The shortest drafting tier once tier 0 has run long enough that the loss of one round
+        of it (its cost in decode steps less the tokens per request it emits if it keeps what the
+        pooled curve expects) is at most PROBE_OVERHEAD of the decode steps since the last
+        drafting round (times the backoff): a request kept at tier 0 shows no acceptance, and
+        drafts improve, or a bad stretch of text ends."""
         drafting = [t for t in self.tiers if t > 0]
         if self.tiers[0] != 0 or not drafting or not self._zero_streak:
             return None
         zero, probe = (self.costs.cost(bs, t, rows_of(t)) for t in (0, drafting[0]))
-        steps = PROBE_AFTER if not zero or not probe else math.ceil(max(probe / zero - 1, 0) / PROBE_OVERHEAD)
+        if not zero or not probe:
+            self._probe_pays, steps = 1.0, PROBE_AFTER
+        else:
+            self._probe_pays = probe / zero
+            loss = self._probe_pays - 1 - self._typical.expected(drafting[0], self.pooled)
+            steps = math.ceil(max(loss, 0) / PROBE_OVERHEAD)
         return drafting[0] if self._zero_streak >= max(steps, 1) * self._backoff else None
 
     def drafts_on_host(self) -> None:
@@ -327,12 +353,13 @@ class AdaptiveDraftLength:
         if tier == 0:
             self._zero_streak += steps
             return
-        kept = 0
+        emitted = []
         for req, drafted, accepted in zip(reqs, plan.draft_lens.tolist(), result.lengths):
             if drafted:
                 self.acceptance(req).observe(drafted, accepted)
                 self.pooled.observe(drafted, accepted)
-                kept += accepted
-        if self._zero_streak:  # a probe out of tier 0: back off while they keep finding nothing
-            self._backoff = 1 if kept else min(2 * self._backoff, PROBE_BACKOFF_MAX)
+                emitted.append(1 + accepted)
+        if self._zero_streak:  # a probe out of tier 0: back off while probes do not pay for themselves
+            paid = emitted and statistics.mean(emitted) > self._probe_pays
+            self._backoff = 1 if paid else min(2 * self._backoff, PROBE_BACKOFF_MAX)
         self._zero_streak = 0
