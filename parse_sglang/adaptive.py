@@ -46,7 +46,7 @@ own draft-chain and verify graphs on a GPU.
   `PROBE_OVERHEAD` of them (by the cost table): where the server's requests mostly keep their
   drafts, a request that fell to tier 0 on a bad stretch probes again soon; probes that do not
   pay for themselves (emit fewer tokens than tier 0 would have in their time) space out
-  (doubling, up to `PROBE_BACKOFF_MAX` times).
+  (doubling, up to `PROBE_BACKOFF_MAX` times), until a drafting round pays again.
 """
 
 from __future__ import annotations
@@ -272,7 +272,7 @@ class AdaptiveDraftLength:
         self.pooled = PooledAcceptance(longest=self.tiers[-1])
         self._zero_streak = 0  # tier-0 decode steps since the last round that drafted
         self._backoff = 1  # probes out of tier 0 space out by this factor while they do not pay
-        self._probe_pays = 1.0  # tokens per request a probe must emit to beat tier 0 in its time
+        self._break_even = None  # tokens per request this round must emit to beat tier 0 in its time
         self._typical = Acceptance()  # no rounds of its own: the pooled curve's expectations
         self._clock = {}  # this round's host times at its crossings (its measured costs)
 
@@ -295,6 +295,11 @@ class AdaptiveDraftLength:
         """The tier of this round: reqs and their `RequestPolicy`s; rows_of(tier) -> the verify
         rows of the batch at that tier; steps: the decode steps a tier-0 round of it would run."""
         self._clock = {"start": time.perf_counter()}
+        tier = self._best_tier(reqs, policies, rows_of, steps)
+        self._break_even = self._break_even_of(len(reqs), tier, rows_of) if tier else None
+        return tier
+
+    def _best_tier(self, reqs, policies, rows_of, steps: int) -> int:
         bs = len(reqs)
         measured = self.costs.measured_tiers(bs)
         if not self.costs.fixed and len(measured) < 2 and not self.costs.explored():
@@ -328,14 +333,18 @@ class AdaptiveDraftLength:
         drafting = [t for t in self.tiers if t > 0]
         if self.tiers[0] != 0 or not drafting or not self._zero_streak:
             return None
-        zero, probe = (self.costs.cost(bs, t, rows_of(t)) for t in (0, drafting[0]))
-        if not zero or not probe:
-            self._probe_pays, steps = 1.0, PROBE_AFTER
+        break_even = self._break_even_of(bs, drafting[0], rows_of)
+        if break_even is None:
+            steps = PROBE_AFTER
         else:
-            self._probe_pays = probe / zero
-            loss = self._probe_pays - 1 - self._typical.expected(drafting[0], self.pooled)
-            steps = math.ceil(max(loss, 0) / PROBE_OVERHEAD)
+            steps = math.ceil(max(break_even - 1 - self._typical.expected(drafting[0], self.pooled), 0) / PROBE_OVERHEAD)
         return drafting[0] if self._zero_streak >= max(steps, 1) * self._backoff else None
+
+    def _break_even_of(self, bs: int, tier: int, rows_of) -> Optional[float]:
+        """Tokens per request a round at `tier` must emit to beat tier 0's decode steps in its
+        time: its cost in decode steps (None while either cost is unknown)."""
+        zero, cost = self.costs.cost(bs, 0, rows_of(0)), self.costs.cost(bs, tier, rows_of(tier))
+        return cost / zero if zero and cost else None
 
     def drafts_on_host(self) -> None:
         """The round's drafts reached the host: its draft part ends here (`choose` started it)."""
@@ -359,7 +368,8 @@ class AdaptiveDraftLength:
                 self.acceptance(req).observe(drafted, accepted)
                 self.pooled.observe(drafted, accepted)
                 emitted.append(1 + accepted)
-        if self._zero_streak:  # a probe out of tier 0: back off while probes do not pay for themselves
-            paid = emitted and statistics.mean(emitted) > self._probe_pays
-            self._backoff = 1 if paid else min(2 * self._backoff, PROBE_BACKOFF_MAX)
+        if emitted and statistics.mean(emitted) > (self._break_even or 1.0):
+            self._backoff = 1  # drafting paid for itself: a batch that falls to tier 0 next probes soon
+        elif self._zero_streak:  # a probe out of tier 0 that did not: the next ones space out
+            self._backoff = min(2 * self._backoff, PROBE_BACKOFF_MAX)
         self._zero_streak = 0

@@ -265,7 +265,9 @@ def test_where_requests_keep_their_drafts_a_request_at_tier_zero_probes_again_so
     """A request fell to tier 0 on a bad stretch in a server whose requests keep nearly every
     draft token: a probe is expected to emit 5 tokens for the price of `ratio` < 5 decode steps,
     so it comes after one round of decode steps; a probe that keeps a token but emits fewer
-    than tier 0 would have in its time does not pay, and the next ones space out."""
+    than tier 0 would have in its time does not pay, and the next ones space out, until a
+    drafting round pays (the spacing is the server's: without that, one batch's stragglers
+    would leave the next batch's probing once in 32 rounds; seen on the synthetic pair)."""
     costs = linear_costs(step_s=0.004, verify_s=0.005)
     ratio = costs.cost(1, 4, 5) / costs.cost(1, 0, 1)
     assert 2 < ratio < 5
@@ -284,6 +286,14 @@ def test_where_requests_keep_their_drafts_a_request_at_tier_zero_probes_again_so
     # each keeps 1 (2 tokens < ratio): the spacing doubles, 2, 4, 8, 16 decode steps (4 a round)
     assert tiers[2:] == [0, 4, 0, 4, 0, 0, 4, 0, 0, 0, 0, 4, 0, 0], tiers
     assert controller._backoff == 32
+    # the next batch drafts and its round pays: the spacing starts over for its own bad stretches
+    nxt = [SimpleNamespace()]
+    tier = controller.choose(nxt, policies(1), rows_of)
+    observe(controller, nxt, tier, [1])
+    assert tier > 0 and controller._backoff == 32, "2 tokens do not pay for a drafting round"
+    tier = controller.choose(nxt, policies(1), rows_of)
+    observe(controller, nxt, tier, [tier])
+    assert tier > 0 and controller._backoff == 1
 
 
 def test_tier_zero_decode_steps_are_priced_per_step_and_pay_the_round_once():
