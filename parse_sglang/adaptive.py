@@ -181,8 +181,10 @@ class CostTable:
 @dataclass
 class Survival:
     """Decayed counts per draft position j = 1, 2, ...: of rounds that reached j (drafted it and
-    kept every token before it), and of those that kept j too. Each position decays only in the
-    rounds that reach it, so short rounds do not wash out what long ones saw further on."""
+    kept every token before it), and of those that kept j too. `observe` decays each position
+    only in the rounds that reach it (the pooled curve: one request's short rounds do not wash
+    out what other requests' long ones saw further on); a request's own curve is also `fade`d
+    whole every round (`Acceptance.observe`): its text changes as it goes."""
 
     reached: list = field(default_factory=list)
     kept: list = field(default_factory=list)
