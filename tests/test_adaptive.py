@@ -40,11 +40,12 @@ def rows_of(tier: int) -> int:
     return tier + 1
 
 
-def observe(controller, reqs, tier: int, accepted: list[int], draft_s: float = 0.0, rest_s: float = 0.0):
+def observe(controller, reqs, tier: int, accepted: list[int], draft_s: float = 0.0, rest_s: float = 0.0,
+            steps: int = 1):  # fmt: skip
     """One round of `reqs` at `tier`, each drafting `tier` tokens: their accepted lengths (and
-    the round's measured seconds; a fixed table ignores them)."""
+    the round's measured seconds; a fixed table ignores them; steps: a tier-0 round's)."""
     plan = SimpleNamespace(draft_lens=torch.full((len(reqs),), tier))
-    controller.observe(reqs, tier, rows_of(tier), plan, SimpleNamespace(lengths=accepted), draft_s, rest_s)
+    controller.observe(reqs, tier, rows_of(tier), plan, SimpleNamespace(lengths=accepted), draft_s, rest_s, steps)
 
 
 def test_bucket_is_next_power_of_two():
@@ -280,8 +281,7 @@ def test_where_requests_keep_their_drafts_a_request_at_tier_zero_probes_again_so
     tiers = []
     for _ in range(16):
         tiers.append(controller.choose(req, policies(1), rows_of, steps=4))
-        controller.observe(req, tiers[-1], rows_of(tiers[-1]), SimpleNamespace(draft_lens=torch.full((1,), tiers[-1])),
-                           SimpleNamespace(lengths=[min(1, tiers[-1])]), 0.0, 0.0, steps=4 if tiers[-1] == 0 else 1)  # fmt: skip
+        observe(controller, req, tiers[-1], [min(1, tiers[-1])], steps=4 if tiers[-1] == 0 else 1)
     assert tiers[:2] == [0, 4], tiers  # the probe: after one tier-0 round
     # each keeps 1 (2 tokens < ratio): the spacing doubles, 2, 4, 8, 16 decode steps (4 a round)
     assert tiers[2:] == [0, 4, 0, 4, 0, 0, 4, 0, 0, 0, 0, 4, 0, 0], tiers
