@@ -40,13 +40,15 @@ own draft-chain and verify graphs on a GPU.
   is borrowed or interpolated and whose rate comes within `EXPLORE_MARGIN` of the best runs
   instead until it is measured (`EXPLORE_SAMPLES` rounds), so a mispriced tier is corrected
   where it matters and one far from the best never costs a round.
-- A batch kept at tier 0 shows no acceptance: it runs the shortest drafting tier once (a probe)
-  when the decode steps since the last drafting round are enough that the probe's loss, its cost
-  in decode steps less the tokens it emits if it keeps what the pooled curve expects, is at most
-  `PROBE_OVERHEAD` of them (by the cost table): where the server's requests mostly keep their
-  drafts, a request that fell to tier 0 on a bad stretch probes again soon; probes that do not
-  pay for themselves (emit fewer tokens than tier 0 would have in their time) space out
-  (doubling, up to `PROBE_BACKOFF_MAX` times), until a drafting round pays again.
+- A batch kept at tier 0 shows no acceptance: where the choice is tier 0, it runs the shortest
+  drafting tier once instead (a probe) when the decode steps since the last drafting round are
+  enough that the probe's loss, its cost in decode steps less the tokens it emits if it keeps
+  what the pooled curve expects, is at most `PROBE_OVERHEAD` of them (by the cost table): where
+  the server's requests mostly keep their drafts, a request that fell to tier 0 on a bad stretch
+  probes again soon; probes that do not pay for themselves (emit fewer tokens than tier 0 would
+  have in their time) space out (doubling, up to `PROBE_BACKOFF_MAX` times), until a drafting
+  round pays again. Where the choice drafts anyway (a new batch after one that ended at tier 0),
+  no probe is needed: the round itself shows the acceptance.
 """
 
 from __future__ import annotations
@@ -306,9 +308,6 @@ class AdaptiveDraftLength:
         measured = self.costs.measured_tiers(bs)
         if not self.costs.fixed and len(measured) < 2 and not self.costs.explored():
             return self.tiers[-1] if self.tiers[-1] not in measured else self.tiers[0]  # the longest, then 0
-        probe = self._probe_due(bs, rows_of)
-        if probe is not None:
-            return probe
         rates = {}
         for tier in self.tiers:
             cost = self.costs.cost(bs, tier, rows_of(tier), steps if tier == 0 else 1)
@@ -319,9 +318,10 @@ class AdaptiveDraftLength:
                     tokens = sum(1 + self.acceptance(req).expected(min(tier, p.budget), self.pooled)
                                  for req, p in zip(reqs, policies))  # fmt: skip
                 rates[tier] = tokens / cost
-        if not rates:
-            return self.tiers[0]
-        best = max(rates, key=lambda t: (rates[t], -t))  # ties: the shorter tier
+        best = max(rates, key=lambda t: (rates[t], -t)) if rates else self.tiers[0]  # ties: the shorter tier
+        probe = self._probe_due(bs, rows_of) if best == 0 else None  # a probe replaces a tier-0 round only
+        if probe is not None:
+            return probe
         # A tier priced from other cells that comes close to the best: measure it here.
         close = [t for t in rates if t not in measured and rates[t] >= EXPLORE_MARGIN * rates[best]]
         return max(close, key=lambda t: (rates[t], -t)) if close and not self.costs.fixed else best

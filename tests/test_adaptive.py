@@ -296,6 +296,31 @@ def test_where_requests_keep_their_drafts_a_request_at_tier_zero_probes_again_so
     assert tier > 0 and controller._backoff == 1
 
 
+def test_a_new_batch_after_one_that_ended_at_tier_zero_runs_its_best_tier_not_a_probe():
+    """The last round of a batch often runs at tier 0 (each request one token from its end), so
+    the next batch starts with tier-0 steps behind it and a probe due. A probe replaces a tier-0
+    round only: where the choice drafts anyway, the round shows the acceptance itself (seen on
+    the synthetic pair: every timed batch of 32 began with a round at L = 4)."""
+    costs = linear_costs(step_s=0.004, verify_s=0.005)
+    controller = AdaptiveDraftLength(TIERS, costs)
+    for _ in range(200):
+        controller.pooled.observe(32, 32)
+    ending = [SimpleNamespace() for _ in range(8)]
+    tail = policies(8, budget=0)  # one token left each: tier 0 emits it for the whole batch
+    assert controller.choose(ending, tail, rows_of, steps=1) == 0
+    observe(controller, ending, 0, [0] * 8, steps=1)
+    assert controller._probe_due(8, rows_of) == 4, "tier-0 steps behind: a probe would be due"
+    fresh = [SimpleNamespace() for _ in range(8)]
+    assert controller.choose(fresh, policies(8), rows_of) == 32
+    # where the choice is tier 0 the probe still replaces it (a request left at tier 0)
+    stuck = [SimpleNamespace()]
+    for _ in range(4):
+        observe(controller, stuck, 16, [0])
+    assert controller.choose(stuck, policies(1), rows_of, steps=4) == 0
+    observe(controller, stuck, 0, [0], steps=4)
+    assert controller.choose(stuck, policies(1), rows_of, steps=4) == 4
+
+
 def test_tier_zero_decode_steps_are_priced_per_step_and_pay_the_round_once():
     """A tier-0 round of k decode steps: its measured rest is kept per step (the one-row verify
     cell), it is priced as the round's fixed part plus k steps and valued at k tokens per request
