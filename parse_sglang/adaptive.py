@@ -339,7 +339,8 @@ class AdaptiveDraftLength:
         if break_even is None:
             steps = PROBE_AFTER
         else:
-            steps = math.ceil(max(break_even - 1 - self._typical.expected(drafting[0], self.pooled), 0) / PROBE_OVERHEAD)
+            loss = break_even - 1 - self._typical.expected(drafting[0], self.pooled)  # in decode steps
+            steps = math.ceil(max(loss, 0) / PROBE_OVERHEAD)
         return drafting[0] if self._zero_streak >= max(steps, 1) * self._backoff else None
 
     def _break_even_of(self, bs: int, tier: int, rows_of) -> Optional[float]:
@@ -372,6 +373,6 @@ class AdaptiveDraftLength:
                 emitted.append(1 + accepted)
         if emitted and statistics.mean(emitted) > (self._break_even or 1.0):
             self._backoff = 1  # drafting paid for itself: a batch that falls to tier 0 next probes soon
-        elif self._zero_streak:  # a probe out of tier 0 that did not: the next ones space out
+        elif self._zero_streak:  # a round after tier 0 (a probe, or a new batch's) that did not: probes space out
             self._backoff = min(2 * self._backoff, PROBE_BACKOFF_MAX)
         self._zero_streak = 0

@@ -144,8 +144,8 @@ def test_a_request_that_stops_keeping_its_drafts_leaves_long_tiers_at_once():
     """A bad stretch of text in a server whose requests keep nearly every draft token: the
     request's last rounds decide against the pooled prior (with the first version's slow ageing,
     DECAY = 0.8 and a prior that never aged, a request that kept 14 of 32 and then 1 of 21 stayed
-    at L = 16 and 8 for five more rounds of 0-2 tokens; measured on the synthetic pair; here it
-    runs 8, 4, 4, 4, 4)."""
+    at L = 16 and 8 for five more rounds of 0-2 tokens, measured on the synthetic pair; that
+    ageing, in this test, runs 8, 4, 4, 4, 4)."""
     controller = AdaptiveDraftLength(TIERS, linear_costs(step_s=0.003, verify_s=0.005))
     for _ in range(200):  # the server: every round keeps what it drafts
         controller.pooled.observe(16, 16)
@@ -300,7 +300,7 @@ def test_a_new_batch_after_one_that_ended_at_tier_zero_runs_its_best_tier_not_a_
     """The last round of a batch often runs at tier 0 (each request one token from its end), so
     the next batch starts with tier-0 steps behind it and a probe due. A probe replaces a tier-0
     round only: where the choice drafts anyway, the round shows the acceptance itself (seen on
-    the synthetic pair: every timed batch of 32 began with a round at L = 4)."""
+    the synthetic pair: 3 of 5 timed batches of 32 in a trace began with a round at L = 4)."""
     costs = linear_costs(step_s=0.004, verify_s=0.005)
     controller = AdaptiveDraftLength(TIERS, costs)
     for _ in range(200):
