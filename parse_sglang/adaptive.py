@@ -134,7 +134,9 @@ class CostTable:
         one_row = next((self.rest[bb, 1] for bb in nearest if (bb, 1) in self.rest), None) if rows == 1 else None
         for bb in nearest:
             draft = _interpolate({L + 1: s for (c, L), s in self.draft.items() if c == bb}, tier + 1)
-            rest = one_row if one_row is not None else _interpolate({r: s for (c, r), s in self.rest.items() if c == bb}, rows)
+            rest = one_row
+            if rest is None:
+                rest = _interpolate({r: s for (c, r), s in self.rest.items() if c == bb}, rows)
             if draft is not None and rest is not None:
                 return draft + steps * rest
         return None
