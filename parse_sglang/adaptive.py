@@ -15,9 +15,8 @@ own draft-chain and verify graphs on a GPU.
   (no extra sync), as the median of its last `SAMPLES` rounds (a tier-0 round's rest: per decode
   step); a cell's first round is a warm-up (first allocations, kernels compiled on first use) and
   is not counted. A tier not measured in a bucket is interpolated from the measured ones (draft
-  cost linear in the L + 1 steps, the rest linear in the verify rows; a decode step, one row,
-  only from decode steps: the nearest bucket's), and a bucket with too few cells borrows the
-  nearest bucket's (a profiled table covers batch 1, 8 and 32);
+  cost linear in the L + 1 steps, the rest linear in the verify rows; tier 0 only from tier-0
+  rounds: the nearest bucket's), and a bucket with too few cells borrows the nearest bucket's (a profiled table covers batch 1, 8 and 32);
   until some bucket has two measured tiers the server explores (the longest tier, then tier 0,
   each for `EXPLORE_SAMPLES` rounds after its warm-up); later buckets borrow, then measure the
   tiers they run or come close to running (a batch shrinking as requests finish passes through
@@ -125,18 +124,20 @@ class CostTable:
     def cost(self, batch_size: int, tier: int, rows: int, steps: int = 1) -> Optional[float]:
         """Seconds of a round at this tier and verify rows (`steps` verify passes: a tier-0
         round's decode steps), from the batch's bucket or, where that cannot estimate it, the
-        nearest bucket that can (the larger on a tie); None where no bucket can yet. A one-row
-        pass (a decode step) is priced from the nearest bucket's one-row passes, never from the
-        rows of drafting rounds, whose fixed work (the judge, the drafts' trip) it lacks."""
+        nearest bucket that can (the larger on a tie); None where no bucket can yet. Tier 0 (decode
+        steps) is priced from tier-0 rounds only, the nearest bucket's that ran one: drafting
+        rounds carry a draft chain, a judge and the drafts' trip that a decode step lacks, so
+        extrapolating their cells down to L = 0 and one row priced it at several times its cost."""
         b = bucket(batch_size)
         nearest = sorted({bb for bb, _ in self.draft} | {bb for bb, _ in self.rest} | {b},
                          key=lambda bb: (abs(bb.bit_length() - b.bit_length()), -bb))  # fmt: skip
-        one_row = next((self.rest[bb, 1] for bb in nearest if (bb, 1) in self.rest), None) if rows == 1 else None
+        if tier == 0:
+            ran = next((bb for bb in nearest if (bb, 0) in self.draft and (bb, rows) in self.rest), None)
+            if ran is not None:
+                return self.draft[ran, 0] + steps * self.rest[ran, rows]
         for bb in nearest:
             draft = _interpolate({L + 1: s for (c, L), s in self.draft.items() if c == bb}, tier + 1)
-            rest = one_row
-            if rest is None:
-                rest = _interpolate({r: s for (c, r), s in self.rest.items() if c == bb}, rows)
+            rest = _interpolate({r: s for (c, r), s in self.rest.items() if c == bb}, rows)
             if draft is not None and rest is not None:
                 return draft + steps * rest
         return None

@@ -80,19 +80,21 @@ def test_cost_table_skips_warm_up_takes_medians_and_interpolates():
     assert table.cost(4, 4, 5) == pytest.approx(2.0)  # 4: as near 8 as 1 (powers of two); the larger wins
 
 
-def test_a_decode_step_is_priced_from_decode_steps_not_from_drafting_rounds_rows():
-    """A bucket that never ran tier 0 prices its decode step (one verify row) from the nearest
-    bucket's decode steps: extrapolating its drafting rounds' rows down to one keeps their
-    fixed work (the judge, the drafts' trip), which made a step at batch 32 cost 3x what it does."""
+def test_tier_zero_is_priced_from_tier_zero_rounds_not_from_drafting_rounds():
+    """A bucket that never ran tier 0 prices it (a decode step: no draft chain, one verify row)
+    from the nearest bucket's tier-0 rounds: extrapolating its drafting rounds' cells down to
+    L = 0 and one row keeps their fixed work (the chain's launch, the judge, the drafts' trip),
+    which made a decode step at batch 32 cost 3x what it does."""
     table = CostTable()
-    for n, tier, rows, draft_s, rest_s in ((1, 0, 1, 1e-4, 0.002), (16, 0, 1, 1e-4, 0.006),
+    for n, tier, rows, draft_s, rest_s in ((1, 0, 1, 1e-4, 0.002), (16, 0, 1, 2e-4, 0.006),
                                            (32, 4, 5, 0.02, 0.056), (32, 8, 9, 0.036, 0.064)):  # fmt: skip
         for _ in range(3):  # a warm-up round, then two counted
             table.observe(n, tier, rows, draft_s, rest_s)
-    # the old rule extrapolated bucket 32's rows 5 and 9 down to one: 0.056 - (0.064 - 0.056) = 48 ms a step
-    assert table.cost(32, 0, 1, steps=4) == pytest.approx(0.004 + 4 * 0.006)  # draft part: 32's, linear in L + 1
+    # the old rule extrapolated bucket 32's cells: draft 0.02 - 4 * 0.004, rest 0.056 - (0.064 - 0.056)
+    assert table.cost(32, 0, 1, steps=4) == pytest.approx(2e-4 + 4 * 0.006)  # bucket 16's tier-0 round
     assert table.cost(2, 0, 1) == pytest.approx(1e-4 + 0.002)  # bucket 2 has no cells: the nearest, 1
-    assert table.cost(32, 16, 17) == pytest.approx(0.068 + 0.08)  # drafting rows: still 32's own
+    assert table.cost(32, 16, 17) == pytest.approx(0.068 + 0.08)  # drafting tiers: still 32's own
+    assert table.cost(32, 8, 9) == pytest.approx(0.036 + 0.064)
 
 
 def test_cost_table_load_round_trip_and_bad_files(tmp_path):
