@@ -28,6 +28,7 @@ from parse_sglang.graph_memory import GraphReservations, check_fits
 from parse_sglang.scheduler_patches import (
     cli_settings,
     decode_log,
+    draft_kv_budget,
     logits_rows,
     metrics,
     request_settings,
@@ -40,7 +41,7 @@ from parse_sglang.settings import ParseConfig, fixed_window_shape, judge_probe_f
 
 logger = logging.getLogger(__name__)
 
-HOOK_MODULES = (logits_rows, cli_settings, request_settings, request_stats, server_info, metrics, decode_log, verify_graph)
+HOOK_MODULES = (logits_rows, draft_kv_budget, cli_settings, request_settings, request_stats, server_info, metrics, decode_log, verify_graph)
 
 REGISTRATION_SIGNATURES = {
     "sglang.srt.speculative.spec_info.SpeculativeAlgorithm.register": (

@@ -67,6 +67,7 @@ from parse_sglang.boundaries import TokenTexts
 from parse_sglang.counters import ServerTotals, record_round_stats
 from parse_sglang.draft_chain import DraftChain
 from parse_sglang.judge import Verdict, answer_columns, judge_window
+from parse_sglang.scheduler_patches.draft_kv_budget import kv_bytes_per_token
 from parse_sglang.scheduler_patches.verify_graph import VerifyGraphs
 from parse_sglang.settings import (
     ParseConfig,
@@ -436,6 +437,7 @@ class ParseWorker(BaseSpecWorker):
     def server_state(self) -> dict:
         """get_server_info()'s "parse" entry: the totals, and an adaptive server's cost table."""
         state = self.totals.summary()
+        state["kv_bytes_per_token"] = kv_bytes_per_token(self.model_runner, self.draft_runner)
         if self.adaptive is not None:
             state["cost_table"] = self.adaptive.costs.to_json()
         return state

@@ -188,6 +188,20 @@ def test_server_info_reports_parse_totals(lossless_engine):
     assert after["judged_share"] == 0.0 and after["tokens_per_round"] > 1.2
 
 
+def test_draft_kv_is_priced_into_the_pool_budget(lossless_engine, tiny_pair):
+    """SGLang sizes the target's KV pool at what one token costs in the target's AND the
+    draft's pools (scheduler_patches/draft_kv_budget.py): unpriced, the draft pool came on
+    top of --mem-fraction-static and ran out of GPU memory. The draft's bytes are its own
+    config's (fp32: 4 bytes x K and V x KV heads x head_dim x layers), not the target's."""
+    (state,) = lossless_engine.get_server_info()["internal_states"]
+    kv = state["parse"]["kv_bytes_per_token"]
+    config = json.loads((tiny_pair[1] / "config.json").read_text())
+    head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    heads = config.get("num_key_value_heads", config["num_attention_heads"])
+    assert kv["draft"] == 4 * 2 * heads * head_dim * config["num_hidden_layers"]
+    assert kv["priced"] == kv["target"] + kv["draft"]
+
+
 # ----- judge on -------------------------------------------------------------------------
 
 
