@@ -1,26 +1,19 @@
 """parse-sglang's start-up hook: PARSE exists in every Python process that resolves SGLang server
-arguments, and the CPU runtime is on wherever SGLang's CPU engine is asked for.
+arguments.
 
 Installed with the package as `parse_sglang_startup.pth` (regular and editable installs:
 setup.py), a line `import parse_sglang_startup; parse_sglang_startup.install()` that Python
 runs at start-up. `install()` puts one finder at the front of `sys.meta_path` and imports
-nothing: the finder compares each new top-level import's name with two strings and acts on
-these two imports only, then removes itself:
-
-- `sglang.srt.server_args`, right after the module executed: `parse_sglang.plugin.register_early()`,
-  i.e. PARSE in SGLang's speculative registry and the `--parse-config` flag. SGLang itself
-  registers plugins with `load_plugins()` (entry point `sglang.srt.plugins`) in launch_server,
-  `Engine` and its subprocesses, but some of its tools resolve server arguments before that:
-  `python -m sglang.benchmark.offline_throughput --speculative-algorithm PARSE` stopped with
-  "Unknown speculative algorithm name: PARSE". The rest of the plugin stays with
-  `load_plugins()`, which every SGLang process that serves still calls.
-- `sglang`, before the package executes, when `SGLANG_USE_CPU_ENGINE=1` (SGLang's own switch
-  for its CPU engine, read as SGLang reads it): `parse_sglang.cpu.enable()`, the CPU runtime
-  (torch stand-ins for `sgl_kernel` and `torchvision`; nothing where CUDA is available). So
-  `SGLANG_USE_CPU_ENGINE=1 python -m sglang.benchmark.offline_throughput ...` (an in-process
-  Engine) and `SGLANG_USE_CPU_ENGINE=1 python -m sglang.launch_server ...` run on a CPU-only
-  machine as they are; `python -m parse_sglang.launch_server` and `parse_sglang.cpu.enable()`
-  keep working without the variable.
+nothing: the finder compares each new top-level import's name with one string and acts on
+that import only, then removes itself: right after `sglang.srt.server_args` executed, it calls
+`parse_sglang.plugin.register_early()`, i.e. PARSE in SGLang's speculative registry and the
+`--parse-config` flag. SGLang itself registers plugins with `load_plugins()` (entry point
+`sglang.srt.plugins`) in launch_server, `Engine` and its subprocesses, but some of its tools
+resolve server arguments before that: `python -m sglang.benchmark.offline_throughput
+--speculative-algorithm PARSE` stopped with "Unknown speculative algorithm name: PARSE". The
+rest of the plugin stays with `load_plugins()`, which every SGLang process that serves still
+calls. (The CPU runtime, a separate distribution, has a start-up hook of its own:
+cpu_runtime/sglang_cpu_startup.py.)
 
 `SGLANG_PLUGINS` is honoured as `load_plugins()` honours it: set, and not naming "parse",
 nothing is registered early. A failure is logged (as `load_plugins()` logs a failing plugin)
@@ -45,9 +38,7 @@ import os
 import sys
 
 SERVER_ARGS = "sglang.srt.server_args"
-SGLANG = "sglang"
 PLUGIN_NAME = "parse"  # the `sglang.srt.plugins` entry point's name (pyproject.toml)
-CPU_ENGINE_ENV = "SGLANG_USE_CPU_ENGINE"
 
 
 def plugin_allowed() -> bool:
@@ -60,18 +51,6 @@ def _log_failure(what: str) -> None:
     import logging
 
     logging.getLogger(__name__).exception("parse-sglang start-up hook: %s failed", what)
-
-
-def enable_cpu_runtime() -> None:
-    """Before `sglang` executes: the CPU runtime, if SGLang's CPU engine is asked for."""
-    if os.environ.get(CPU_ENGINE_ENV, "0") != "1":
-        return
-    try:
-        from parse_sglang import cpu
-
-        cpu.enable()
-    except Exception:
-        _log_failure("parse_sglang.cpu.enable()")
 
 
 def register_early() -> None:
@@ -110,9 +89,7 @@ class ImportHook:
     """Meta-path finder acting on the imports of `sglang` and `sglang.srt.server_args`."""
 
     def __init__(self):
-        self.pending = {SGLANG: (enable_cpu_runtime, None)}
-        if plugin_allowed():
-            self.pending[SERVER_ARGS] = (None, register_early)
+        self.pending = {SERVER_ARGS: (None, register_early)} if plugin_allowed() else {}
 
     def find_spec(self, name, path=None, target=None):
         if name not in self.pending:
@@ -138,7 +115,7 @@ _hook: ImportHook | None = None
 def install() -> None:
     """Put the finder first on sys.meta_path (once per process); what the .pth calls."""
     global _hook
-    if _hook is None and SERVER_ARGS not in sys.modules:
+    if _hook is None and SERVER_ARGS not in sys.modules and plugin_allowed():
         _hook = ImportHook()
         sys.meta_path.insert(0, _hook)
 

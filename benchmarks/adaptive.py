@@ -4,7 +4,7 @@
         [--batches 1 8 32] [--max-new-tokens 64] [--warm-up-runs 3] [--repeats 3]
         [--likelihood-threshold 0.05] [--json]
 
-For each pair, every engine is started at once, each a `python -m parse_sglang.launch_server`
+For each pair, every engine is started at once, each a `python -m sglang_cpu.launch_server`
 (`--sleep-on-idle`: a server waiting for its turn takes no CPU; requests over its HTTP API), and
 they serve the same prompts in turn, greedy, radix cache off (memory: every server at once; on
 the 2-core CPU the tiny pairs' 7 take ~13 GB, SmolLM2's 5 of `--steps 4 8` ~17 GB), in these
@@ -65,15 +65,29 @@ sys.path.insert(0, str(HERE))  # gpu_serving
 sys.path.insert(0, str(HERE.parent))  # this checkout's parse_sglang and support
 
 import gpu_serving  # noqa: E402
-from parse_sglang.demo import DEFAULT_LIKELIHOOD_THRESHOLD, parse_engine_kwargs  # noqa: E402
+from parse_sglang.demo import DEFAULT_LIKELIHOOD_THRESHOLD  # noqa: E402
+from parse_sglang.settings import parse_engine_kwargs  # noqa: E402
 from parse_sglang.settings import ParseConfig  # noqa: E402
 from support.servers import launch, stop, wait_healthy  # noqa: E402
 
 PAIRS = ("useless", "synthetic", "smollm2")
 JUDGED = {"synthetic"}  # pairs served with the likelihood judge; the others lossless
 RATIOS = ("ratio_to_target_only", "ratio_to_best_fixed", "ratio_to_target_only_sync")
-TABLE_KEYS = ("pair", "mode", "L", "batch", "tokens_per_s", "ratio_to_target_only", "ratio_to_best_fixed",
-              "ratio_to_target_only_sync", "tokens_per_target_forward", "mean_L", "tokens_per_round", "round_ms", "equal_to_target_only")
+TABLE_KEYS = (
+    "pair",
+    "mode",
+    "L",
+    "batch",
+    "tokens_per_s",
+    "ratio_to_target_only",
+    "ratio_to_best_fixed",
+    "ratio_to_target_only_sync",
+    "tokens_per_target_forward",
+    "mean_L",
+    "tokens_per_round",
+    "round_ms",
+    "equal_to_target_only",
+)
 
 
 def useless_draft(draft: Path, cache_dir=None) -> Path:
@@ -122,7 +136,9 @@ def engines(args, pair: gpu_serving.Pair) -> list[gpu_serving.EngineSpec]:
     """target-only (overlap scheduling on, then off), then a PARSE engine per fixed L, then the adaptive one."""
     judged = pair.name in JUDGED
     mode = "parse_likelihood" if judged else "parse_lossless"
-    judge = dict(judge_mode="likelihood", likelihood_threshold=args.likelihood_threshold) if judged else dict(judge=False)
+    judge = (
+        dict(judge_mode="likelihood", likelihood_threshold=args.likelihood_threshold) if judged else dict(judge=False)
+    )
     plan = [gpu_serving.EngineSpec("target-only", {}, [gpu_serving.RowSpec("target_only", None)], graphs=False),
             gpu_serving.EngineSpec("target-only, overlap off", {"disable_overlap_schedule": True},
                                    [gpu_serving.RowSpec("target_only_sync", None)], graphs=False)]  # fmt: skip
@@ -156,14 +172,14 @@ class ServedEngine:
 
 @contextlib.contextmanager
 def served(settings: list[dict], log_dir: str, progress):
-    """A `python -m parse_sglang.launch_server` per settings dict, all running at once (idle ones
+    """A `python -m sglang_cpu.launch_server` per settings dict, all running at once (idle ones
     sleep), as `ServedEngine`s; every process stopped on exit."""
     procs, engines = [], []
     try:
         for i, kwargs in enumerate(settings):
             log = Path(log_dir) / f"server{i}.log"
             flags = {**kwargs, "sleep_on_idle": True, "log_level_http": "info"}  # uvicorn's line: the port is bound
-            proc, url = launch([sys.executable, "-m", "parse_sglang.launch_server"], flags, log, timeout=600)
+            proc, url = launch([sys.executable, "-m", "sglang_cpu.launch_server"], flags, log, timeout=600)
             procs.append(proc)
             wait_healthy(proc, url, log, timeout=600)
             engines.append(ServedEngine(url))
@@ -186,12 +202,20 @@ def run_pair(args, pair: gpu_serving.Pair, progress) -> list[dict]:
         for spec, server in zip(plan, servers):
             for batch in args.batches:
                 for _ in range(args.warm_up_runs):
-                    server.generate(input_ids=pair.prompts[:batch], sampling_params={
-                        "temperature": 0.0, "max_new_tokens": args.max_new_tokens, "ignore_eos": pair.ignore_eos})
+                    server.generate(
+                        input_ids=pair.prompts[:batch],
+                        sampling_params={
+                            "temperature": 0.0,
+                            "max_new_tokens": args.max_new_tokens,
+                            "ignore_eos": pair.ignore_eos,
+                        },
+                    )
         for round_ in range(args.repeats):
             for batch in args.batches:
                 for i, (spec, server) in enumerate(zip(plan, servers)):
-                    row = gpu_serving.measure(server, pair, spec, spec.rows[0], batch, args.max_new_tokens, warm_up=True)
+                    row = gpu_serving.measure(
+                        server, pair, spec, spec.rows[0], batch, args.max_new_tokens, warm_up=True
+                    )
                     runs.setdefault((i, batch), []).append(row)
                     progress(f"{pair.name} round {round_ + 1}: {spec.name} batch {batch}: "
                              f"{row['tokens_per_s']:.1f} tokens/s, mean L {row['mean_L']}")  # fmt: skip
@@ -223,7 +247,9 @@ def derive(rows: list[dict]) -> None:
             "tokens_per_round"] else None  # fmt: skip
         row["tokens_per_target_forward"] = row["output_tokens"] / forwards if forwards else None
         row["equal_to_target_only"] = (row["output_ids"] == base["output_ids"]) if base and row["lossless"] else None
-        sync = [r for r in rows if (r["pair"], r["batch"], r["mode"]) == (row["pair"], row["batch"], "target_only_sync")]
+        sync = [
+            r for r in rows if (r["pair"], r["batch"], r["mode"]) == (row["pair"], row["batch"], "target_only_sync")
+        ]
         fixed = [r for r in rows if (r["pair"], r["batch"], r["mode"]) == (row["pair"], row["batch"], "fixed")]
         adaptive = row["mode"] == "adaptive"
         for name, others in zip(RATIOS, ([base] if base else [], fixed if adaptive else [], sync if adaptive else [])):
@@ -274,27 +300,42 @@ def print_rows(rows: list[dict], as_json: bool) -> None:
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(prog="python benchmarks/adaptive.py", description=__doc__.splitlines()[0])
     parser.add_argument("--pairs", nargs="+", default=list(PAIRS), help=f"allowed: {', '.join(PAIRS)}")
-    parser.add_argument("--steps", nargs="+", type=int, default=[4, 8, 16, 32], help="the fixed Ls (adaptive: up to the largest)")
+    parser.add_argument(
+        "--steps", nargs="+", type=int, default=[4, 8, 16, 32], help="the fixed Ls (adaptive: up to the largest)"
+    )
     parser.add_argument("--batches", nargs="+", type=int, default=[1, 8, 32])
     parser.add_argument("--max-new-tokens", type=int, default=64)
-    parser.add_argument("--warm-up-runs", type=int, default=3,
-                        help="full untimed runs of each batch per engine before it is timed")
+    parser.add_argument(
+        "--warm-up-runs", type=int, default=3, help="full untimed runs of each batch per engine before it is timed"
+    )
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per row: the median's row is kept")
-    parser.add_argument("--likelihood-threshold", type=float, default=DEFAULT_LIKELIHOOD_THRESHOLD,
-                        help="λ of the likelihood judge (judged pairs)")
+    parser.add_argument(
+        "--likelihood-threshold",
+        type=float,
+        default=DEFAULT_LIKELIHOOD_THRESHOLD,
+        help="λ of the likelihood judge (judged pairs)",
+    )
     parser.add_argument("--cache-dir", help="cache root of built models")
     parser.add_argument("--json", action="store_true", help="one JSON object per row on stdout, no table")
-    parser.add_argument("--merge", nargs="+", metavar="FILE",
-                        help="run nothing: merge the --json output of several runs (median run per row)")
+    parser.add_argument(
+        "--merge",
+        nargs="+",
+        metavar="FILE",
+        help="run nothing: merge the --json output of several runs (median run per row)",
+    )
     args = parser.parse_args(argv)
     if args.merge:
         return args
     for value in args.pairs:
         if value not in PAIRS:
             parser.error(f"--pairs={value} is invalid: allowed is one of {', '.join(PAIRS)}")
-    for flag, values, low, high in (("steps", args.steps, 1, 1024), ("batches", args.batches, 1, 4096),
-                                    ("warm-up-runs", [args.warm_up_runs], 0, 100), ("repeats", [args.repeats], 1, 100),
-                                    ("max-new-tokens", [args.max_new_tokens], 2, 1 << 20)):
+    for flag, values, low, high in (
+        ("steps", args.steps, 1, 1024),
+        ("batches", args.batches, 1, 4096),
+        ("warm-up-runs", [args.warm_up_runs], 0, 100),
+        ("repeats", [args.repeats], 1, 100),
+        ("max-new-tokens", [args.max_new_tokens], 2, 1 << 20),
+    ):
         for value in values:
             if not low <= value <= high:
                 parser.error(f"--{flag}={value} is invalid: allowed is an integer in [{low}, {high}]")
@@ -312,7 +353,7 @@ def main(argv=None) -> int:
         print_rows(merge(args.merge), args.json)
         return 0
     if not args.cuda:
-        from parse_sglang import cpu
+        import sglang_cpu as cpu
 
         cpu.enable()
 

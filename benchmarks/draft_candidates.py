@@ -25,7 +25,7 @@ target's own greedy trajectory (chat template applied):
             (batch 1, 64-token context, min over interleaved repetitions) and
             tok/fwd(L) * t_step / (t_verify(L+1) + L * t_draft) at its best L. On a shared
             CPU these swing run to run; the MACs columns do not.
-Then, for the best few, the HF reference PARSE generator (`parse_sglang.reference`) with the
+Then, for the best few, the HF reference PARSE generator (`support.reference`) with the
 judge off (its tokens per target forward must match the simulated column) and on (how much
 the target's own judge accepts beyond exact matches, and whether answers change).
 
@@ -86,7 +86,7 @@ def greedy_trajectories(model, tokenizer, prompts, max_new_tokens):
     out = []
     for ids in chat_prompt_ids(tokenizer, prompts):
         gen = model.generate(torch.tensor([ids]), max_new_tokens=max_new_tokens, do_sample=False)
-        out.append((ids, gen[0, len(ids):].tolist()))
+        out.append((ids, gen[0, len(ids) :].tolist()))
     return out
 
 
@@ -142,11 +142,11 @@ def greedy_layer_removal(tf: TeacherForced, total: int, down_to: int, width: int
         for i in kept:
             states.append(tf.run(states[-1], [i]))
         rows = lambda h: h[tf.rows_b, tf.rows_t]
-        influence = torch.stack([1 - torch.cosine_similarity(rows(a), rows(b), dim=-1).mean()
-                                 for a, b in zip(states[:-1], states[1:])])
+        influence = torch.stack(
+            [1 - torch.cosine_similarity(rows(a), rows(b), dim=-1).mean() for a, b in zip(states[:-1], states[1:])]
+        )
         tried = influence.argsort()[:width].tolist()
-        scores = {pos: float(tf.agreement_flags(tf.run(states[pos], kept[pos + 1:])).float().mean())
-                  for pos in tried}
+        scores = {pos: float(tf.agreement_flags(tf.run(states[pos], kept[pos + 1 :])).float().mean()) for pos in tried}
         best = max(scores, key=lambda pos: (scores[pos], pos))
         log(f"  greedy: drop layer {kept[best]:2d} -> {len(kept) - 1} layers, calibration agreement {scores[best]:.3f}")
         del kept[best]
@@ -222,7 +222,7 @@ def reference_runs(target, tokenizer, trajectories, draft_dirs, budget, log):
     from transformers import AutoModelForCausalLM
 
     from parse_sglang.settings import ParseConfig
-    from parse_sglang.reference import ParseGenerator
+    from support.reference import ParseGenerator
 
     max_new = max(len(o) for _, o in trajectories)
     rows = []
@@ -237,18 +237,28 @@ def reference_runs(target, tokenizer, trajectories, draft_dirs, budget, log):
                 forwards += stats.target_forwards
                 judged += stats.accepted_judged
                 same += out == reference
-            rows.append((name, "on" if judge else "off", generated / forwards, judged / generated,
-                         f"{same}/{len(trajectories)}"))
+            rows.append(
+                (
+                    name,
+                    "on" if judge else "off",
+                    generated / forwards,
+                    judged / generated,
+                    f"{same}/{len(trajectories)}",
+                )
+            )
             log(f"  reference PARSE {name} judge={'on' if judge else 'off'}: {rows[-1][2]:.2f} tok/fwd")
     return rows
 
 
 def table(header, rows) -> str:
-    cells = [header] + [[c if isinstance(c, str) else f"{c:.3f}" if isinstance(c, float) else str(c) for c in r]
-                        for r in rows]
+    cells = [header] + [
+        [c if isinstance(c, str) else f"{c:.3f}" if isinstance(c, float) else str(c) for c in r] for r in rows
+    ]
     widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
     line = lambda r: "| " + " | ".join(c.ljust(w) for c, w in zip(r, widths)) + " |"
-    return "\n".join([line(cells[0]), "|" + "|".join("-" * (w + 2) for w in widths) + "|"] + [line(r) for r in cells[1:]])
+    return "\n".join(
+        [line(cells[0]), "|" + "|".join("-" * (w + 2) for w in widths) + "|"] + [line(r) for r in cells[1:]]
+    )
 
 
 def layer_text(layers, total) -> str:
@@ -296,8 +306,10 @@ def main(argv=None) -> int:
     log("greedy layer removal on the calibration prompts ...")
     greedy = greedy_layer_removal(calib_tf, total, args.search_down_to, args.search_width, log)
 
-    candidates = [Candidate("target (reference)", tuple(range(total))),
-                  Candidate("bf16 copy", tuple(range(total)), torch.bfloat16)]
+    candidates = [
+        Candidate("target (reference)", tuple(range(total))),
+        Candidate("bf16 copy", tuple(range(total)), torch.bfloat16),
+    ]
     for k in (8, 15, 20):
         candidates.append(Candidate(f"first {k}", tuple(range(k))))
     candidates.append(Candidate("every other (even)", tuple(range(0, total, 2))))
@@ -323,8 +335,9 @@ def main(argv=None) -> int:
     models = {(total, torch.float32): target}
     for depth, dtype in depths:
         if (depth, dtype) not in models:
-            models[(depth, dtype)] = bf16_target if (depth, dtype) == (total, torch.bfloat16) else \
-                timing_model(target.config, depth, dtype)
+            models[(depth, dtype)] = (
+                bf16_target if (depth, dtype) == (total, torch.bfloat16) else timing_model(target.config, depth, dtype)
+            )
     steps, verify = step_and_verify_times(models, (total, torch.float32), args.repeats, BUDGETS)
     t_step = steps[(total, torch.float32)]
 
@@ -338,19 +351,48 @@ def main(argv=None) -> int:
         est = {L: per_budget[L] / (1 + L * macs) for L in BUDGETS}
         measured = {L: per_budget[L] * t_step / (verify[L] + L * cost * t_step) for L in BUDGETS}
         best_L, best_measured = max(est, key=est.get), max(measured, key=measured.get)
-        rows.append([c.name + (" (chosen)" if c.layers == smollm2.DRAFT_LAYERS else ""), len(c.layers), agree,
-                     per_budget[args.reference_budget], macs, est[best_L], best_L, cost,
-                     f"{measured[best_measured]:.3f} (L={best_measured})", layer_text(c.layers, total)])
+        rows.append(
+            [
+                c.name + (" (chosen)" if c.layers == smollm2.DRAFT_LAYERS else ""),
+                len(c.layers),
+                agree,
+                per_budget[args.reference_budget],
+                macs,
+                est[best_L],
+                best_L,
+                cost,
+                f"{measured[best_measured]:.3f} (L={best_measured})",
+                layer_text(c.layers, total),
+            ]
+        )
         if c.name != "target (reference)" and c.dtype == torch.float32:
             scored.append((est[best_L], agree, c))
 
-    out = ["## Draft candidates for SmolLM2-135M-Instruct (fp32 target, 30 layers)", "",
-           f"{len(EVAL_PROMPTS)} eval prompts, {args.max_new_tokens} target greedy tokens each "
-           f"({sum(eval_tf.lengths)} tokens), torch threads={args.threads}; measured: target decode step "
-           f"{t_step * 1e3:.1f} ms, verify windows of 2 / 5 / 9 tokens "
-           f"{verify[1] * 1e3:.1f} / {verify[4] * 1e3:.1f} / {verify[8] * 1e3:.1f} ms.", "",
-           table(["candidate", "layers", "agree", f"tok/fwd L={args.reference_budget}", "MACs", "est x", "L",
-                  "cost", "est x meas.", "kept layers"], rows), ""]
+    out = [
+        "## Draft candidates for SmolLM2-135M-Instruct (fp32 target, 30 layers)",
+        "",
+        f"{len(EVAL_PROMPTS)} eval prompts, {args.max_new_tokens} target greedy tokens each "
+        f"({sum(eval_tf.lengths)} tokens), torch threads={args.threads}; measured: target decode step "
+        f"{t_step * 1e3:.1f} ms, verify windows of 2 / 5 / 9 tokens "
+        f"{verify[1] * 1e3:.1f} / {verify[4] * 1e3:.1f} / {verify[8] * 1e3:.1f} ms.",
+        "",
+        table(
+            [
+                "candidate",
+                "layers",
+                "agree",
+                f"tok/fwd L={args.reference_budget}",
+                "MACs",
+                "est x",
+                "L",
+                "cost",
+                "est x meas.",
+                "kept layers",
+            ],
+            rows,
+        ),
+        "",
+    ]
 
     scored.sort(key=lambda s: (s[0], s[1]), reverse=True)
     top = [c for _, _, c in scored[: args.reference_top]]
@@ -362,10 +404,14 @@ def main(argv=None) -> int:
                 dirs[c.name] = Path(tmp) / c.name.replace(" ", "_")
                 smollm2.write_layer_subset(target_path, dirs[c.name], c.layers)
             ref_rows = reference_runs(target, tokenizer, eval_traj, dirs, args.reference_budget, log)
-        out += [f"HF reference generator (parse_sglang.reference), draft budget L={args.reference_budget}, "
-                "default ParseConfig otherwise (judge threshold 0.5, probe every ~8 tokens); judged share = "
-                "tokens kept only because the judge said yes; == target = answers identical to target greedy:", "",
-                table(["draft", "judge", "tok/fwd", "judged share", "== target"], ref_rows), ""]
+        out += [
+            f"HF reference generator (support.reference), draft budget L={args.reference_budget}, "
+            "default ParseConfig otherwise (judge threshold 0.5, probe every ~8 tokens); judged share = "
+            "tokens kept only because the judge said yes; == target = answers identical to target greedy:",
+            "",
+            table(["draft", "judge", "tok/fwd", "judged share", "== target"], ref_rows),
+            "",
+        ]
     print("\n".join(out))
     return 0
 

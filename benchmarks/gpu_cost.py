@@ -67,7 +67,10 @@ MASK_ALIGN = 16  # attended KV length of a masked pass is padded to this (SDPA's
 RESERVE_GIB = 2.0  # CUDA context, cuBLAS / attention workspaces, fragmentation
 GIB = 2**30
 SDPA_BACKENDS = {
-    "flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION", "cudnn": "CUDNN_ATTENTION", "math": "MATH",
+    "flash": "FLASH_ATTENTION",
+    "efficient": "EFFICIENT_ATTENTION",
+    "cudnn": "CUDNN_ATTENTION",
+    "math": "MATH",
 }
 
 
@@ -91,7 +94,8 @@ class ModelShape:
             h * (self.q_heads + 2 * self.kv_heads) * d  # fused qkv
             + self.q_heads * d * h  # o
             + 3 * h * self.intermediate  # gate, up, down
-            + 2 * h + 2 * d  # two RMSNorms, q/k norms
+            + 2 * h
+            + 2 * d  # two RMSNorms, q/k norms
         )
         embeddings = self.vocab * h * (1 if self.tied_embeddings else 2)
         return embeddings + h + layers * per_layer
@@ -189,8 +193,14 @@ class Decoder:
         self.norm = ones(h)
         self.layers = [
             dict(
-                ln1=ones(h), qkv=w((shape.q_heads + 2 * shape.kv_heads) * d, h), q_norm=ones(d),
-                k_norm=ones(d), o=w(h, shape.q_heads * d), ln2=ones(h), gate_up=w(2 * i, h), down=w(h, i),
+                ln1=ones(h),
+                qkv=w((shape.q_heads + 2 * shape.kv_heads) * d, h),
+                q_norm=ones(d),
+                k_norm=ones(d),
+                o=w(h, shape.q_heads * d),
+                ln2=ones(h),
+                gate_up=w(2 * i, h),
+                down=w(h, i),
             )
             for _ in range(layers)
         ]
@@ -258,7 +268,7 @@ def target_passes(shape: ModelShape, window: Window, context: int, batch: int, d
     group = shape.q_heads // shape.kv_heads
     last, draft, suffix = _tokens(shape.vocab, window, seed)
     bounds = window.boundaries
-    P, L = context, window.draft_len
+    P = context
 
     def ids_of(tokens):
         return torch.tensor(tokens, device=device).expand(batch, -1).contiguous()
@@ -270,8 +280,12 @@ def target_passes(shape: ModelShape, window: Window, context: int, batch: int, d
     allowed[:, :P] = True
     allowed[:, P : P + n] = layout.mask_qlen_only.view(n, n)
     parse = Pass(
-        ids_of(layout.input_ids.tolist()), layout.positions.to(device), P, kv_len,
-        _bias(allowed.to(device), group, dtype), torch.cat([layout.chain_rows, layout.probe_rows]).to(device),
+        ids_of(layout.input_ids.tolist()),
+        layout.positions.to(device),
+        P,
+        kv_len,
+        _bias(allowed.to(device), group, dtype),
+        torch.cat([layout.chain_rows, layout.probe_rows]).to(device),
     )
     prefill = _causal_pass(ids_of([last] + draft), P, P, group, None, dtype)
 
@@ -288,8 +302,13 @@ def target_passes(shape: ModelShape, window: Window, context: int, batch: int, d
         return passes
 
     decode = Pass(ids_of([last]), torch.tensor([P], device=device), P, P + 1, None, None)
-    return dict(decode=decode, verify_parse=parse, verify_prefill=prefill, verify_sequential=judge_passes(True),
-                verify_sequential_reread=judge_passes(False))
+    return dict(
+        decode=decode,
+        verify_parse=parse,
+        verify_prefill=prefill,
+        verify_sequential=judge_passes(True),
+        verify_sequential_reread=judge_passes(False),
+    )
 
 
 def draft_steps(window: Window, context: int, batch: int, device) -> list[Pass]:
@@ -310,8 +329,16 @@ def run_draft_loop(model: Decoder, cache: KVCache, steps: list[Pass], first: tor
     return out
 
 
-def verify_outputs(shape: ModelShape, window: Window, context: int, batch: int, device="cpu",
-                   dtype=torch.float32, seed: int = 0, layers: int | None = None) -> dict[str, torch.Tensor]:
+def verify_outputs(
+    shape: ModelShape,
+    window: Window,
+    context: int,
+    batch: int,
+    device="cpu",
+    dtype=torch.float32,
+    seed: int = 0,
+    layers: int | None = None,
+) -> dict[str, torch.Tensor]:
     """Logits of the rows PARSE reads, three ways, over the same committed KV (tests, --check).
 
     parse_chain [B, L+1, V], parse_probes [B, K, V] from the PARSE pass; prefill [B, L+1, V];
@@ -330,8 +357,13 @@ def verify_outputs(shape: ModelShape, window: Window, context: int, batch: int, 
             for name in ("verify_sequential", "verify_sequential_reread")
         )
     chain = window.draft_len + 1
-    return dict(parse_chain=parse[:, :chain], parse_probes=parse[:, chain:], prefill=prefill, judge_last=judge_last,
-                reread_last=reread_last)
+    return dict(
+        parse_chain=parse[:, :chain],
+        parse_probes=parse[:, chain:],
+        prefill=prefill,
+        judge_last=judge_last,
+        reread_last=reread_last,
+    )
 
 
 def check_line(shape: ModelShape, window: Window, context: int, batch: int, device, dtype, layers: int) -> dict:
@@ -342,8 +374,15 @@ def check_line(shape: ModelShape, window: Window, context: int, batch: int, devi
         "probes_vs_judge_passes": (out["parse_probes"] - out["judge_last"]).abs().max().item(),
         "probes_vs_reread_passes": (out["parse_probes"] - out["reread_last"]).abs().max().item(),
     }
-    return dict(kind="check", model=shape.name, layers=layers, P=context, batch=batch,
-                logit_scale=out["prefill"].float().abs().max().item(), max_abs_diff=diff)
+    return dict(
+        kind="check",
+        model=shape.name,
+        layers=layers,
+        P=context,
+        batch=batch,
+        logit_scale=out["prefill"].float().abs().max().item(),
+        max_abs_diff=diff,
+    )
 
 
 # ---- timing ----------------------------------------------------------------------------------
@@ -430,8 +469,9 @@ def _join(a: str, b: str) -> str:
 # ---- memory plan -----------------------------------------------------------------------------
 
 
-def activation_bytes(shape: ModelShape, tokens: int, logit_rows: int, kv_len: int, mask_rows: int,
-                     itemsize: int) -> int:
+def activation_bytes(
+    shape: ModelShape, tokens: int, logit_rows: int, kv_len: int, mask_rows: int, itemsize: int
+) -> int:
     """Generous estimate of one pass's transient memory, times 3 (eager run, graph pool, slack)."""
     per_token = 4 * shape.hidden + (2 * shape.q_heads + 2 * shape.kv_heads) * shape.head_dim + 3 * shape.intermediate
     group = shape.q_heads // shape.kv_heads
@@ -439,8 +479,16 @@ def activation_bytes(shape: ModelShape, tokens: int, logit_rows: int, kv_len: in
     return 3 * one
 
 
-def plan_layers(shape: ModelShape, layers: int, batch: int, max_ctx: int, rows: int, logit_rows: int,
-                itemsize: int, budget_gib: float) -> tuple[int, str]:
+def plan_layers(
+    shape: ModelShape,
+    layers: int,
+    batch: int,
+    max_ctx: int,
+    rows: int,
+    logit_rows: int,
+    itemsize: int,
+    budget_gib: float,
+) -> tuple[int, str]:
     """Layers this (P, batch) case can run with inside the budget (0 = skip), and a note."""
     weights = shape.weight_numel(layers) * itemsize
     act = activation_bytes(shape, batch * rows, batch * logit_rows, max_ctx, rows, itemsize)
@@ -458,8 +506,21 @@ def plan_layers(shape: ModelShape, layers: int, batch: int, max_ctx: int, rows: 
 # ---- runs ------------------------------------------------------------------------------------
 
 
-def run_model(role: str, shape: ModelShape, layers: int, window: Window, contexts, batches, device, dtype,
-              graphs: bool, warmup: int, repeats: int, budget_gib: float, emit) -> list[Row]:
+def run_model(
+    role: str,
+    shape: ModelShape,
+    layers: int,
+    window: Window,
+    contexts,
+    batches,
+    device,
+    dtype,
+    graphs: bool,
+    warmup: int,
+    repeats: int,
+    budget_gib: float,
+    emit,
+) -> list[Row]:
     """All of one model's measurements; only this model's weights and one KV cache are resident."""
     itemsize = torch.empty((), dtype=dtype).element_size()
     model = Decoder(shape, layers, device, dtype)
@@ -470,15 +531,22 @@ def run_model(role: str, shape: ModelShape, layers: int, window: Window, context
                 max_ctx = _round_up(context + window.rows, MASK_ALIGN)
                 rows, logit_rows = window.rows, window.draft_len + 1 + window.probes
                 reread = window.probes * (1 + window.suffix_len) + sum(window.boundaries)
-                names = {"decode": 1, "verify_parse": window.rows, "verify_prefill": window.draft_len + 1,
-                         "verify_sequential": window.rows, "verify_sequential_reread": reread}
+                names = {
+                    "decode": 1,
+                    "verify_parse": window.rows,
+                    "verify_prefill": window.draft_len + 1,
+                    "verify_sequential": window.rows,
+                    "verify_sequential_reread": reread,
+                }
             else:
                 max_ctx, rows, logit_rows = _round_up(context + window.draft_len + 1, MASK_ALIGN), 1, 1
                 names = {"decode": 1, "draft_loop": window.draft_len + 1}
             fit, note = plan_layers(shape, layers, batch, max_ctx, rows, logit_rows, itemsize, budget_gib)
             kv_gib = shape.kv_bytes(fit, batch, max_ctx, itemsize) / GIB
-            case = [Row(role, name, context, batch, fit, shape.layers, n, kv_gib=kv_gib, note=note)
-                    for name, n in names.items()]
+            case = [
+                Row(role, name, context, batch, fit, shape.layers, n, kv_gib=kv_gib, note=note)
+                for name, n in names.items()
+            ]
             cache = None
             if fit:
                 try:
@@ -493,23 +561,27 @@ def run_model(role: str, shape: ModelShape, layers: int, window: Window, context
                 continue
             if role == "target":
                 passes = target_passes(shape, window, context, batch, device, dtype)
-                fns = {name: (lambda p=passes[name]: model.forward(cache, p))
-                       for name in ("decode", "verify_parse", "verify_prefill")}
+                fns = {
+                    name: (lambda p=passes[name]: model.forward(cache, p))
+                    for name in ("decode", "verify_parse", "verify_prefill")
+                }
                 for name in ("verify_sequential", "verify_sequential_reread"):
                     fns[name] = lambda ps=passes[name]: [model.forward(cache, p) for p in ps]
             else:
                 steps = draft_steps(window, context, batch, device)
                 first = torch.ones(batch, 1, dtype=torch.long, device=device)
                 drafted = torch.zeros(batch, len(steps), dtype=torch.long, device=device)
-                fns = {"decode": lambda: model.forward(cache, steps[0]),
-                       "draft_loop": lambda: run_draft_loop(model, cache, steps, first, drafted)}
+                fns = {
+                    "decode": lambda: model.forward(cache, steps[0]),
+                    "draft_loop": lambda: run_draft_loop(model, cache, steps, first, drafted),
+                }
             for row in case:
                 emit(measure(row, fns[row.measurement], device, graphs, warmup, repeats))
             out += case
-            del cache, fns
+            cache = fns = None  # free the KV before the next case's
             if device.type == "cuda":
                 torch.cuda.empty_cache()
-    del model
+    model = None
     if device.type == "cuda":
         torch.cuda.empty_cache()
     return out
@@ -524,11 +596,25 @@ def speedups(rows: list[Row], contexts, batches, accepted: int) -> list[dict]:
             parts = [found[("target", "decode")], found[("draft", "draft_loop")], found[("target", "verify_parse")]]
             graphed = all(r.graph_ms is not None for r in parts)
             times = [r.graph_ms if graphed else r.eager_ms for r in parts]
-            base = dict(kind="speedup", P=context, batch=batch, timing="graph" if graphed else "eager",
-                        target_layers=parts[0].layers, draft_layers=parts[1].layers, formula=FORMULA)
+            base = dict(
+                kind="speedup",
+                P=context,
+                batch=batch,
+                timing="graph" if graphed else "eager",
+                target_layers=parts[0].layers,
+                draft_layers=parts[1].layers,
+                formula=FORMULA,
+            )
             for a in sorted(set(SWEEP) | {accepted}):
-                row = dict(base, accepted=a, t_target_step_ms=times[0], t_draft_loop_ms=times[1],
-                           t_verify_ms=times[2], round_ms=None, speedup=None)
+                row = dict(
+                    base,
+                    accepted=a,
+                    t_target_step_ms=times[0],
+                    t_draft_loop_ms=times[1],
+                    t_verify_ms=times[2],
+                    round_ms=None,
+                    speedup=None,
+                )
                 if None not in times:
                     row["round_ms"] = times[1] + times[2]
                     row["speedup"] = (a + 1) * times[0] / row["round_ms"]
@@ -557,41 +643,56 @@ def table_line(row: Row, no_graph: str) -> str:
     ratio = f"{row.eager_ms / row.graph_ms:.2f}x" if row.eager_ms and row.graph_ms else "n/a"
     peak = "n/a" if row.peak_gib is None else f"{row.peak_gib:.1f}"
     kv = "n/a" if row.kv_gib is None else f"{row.kv_gib:.2f}"
-    return (f"| {row.model} | {LABELS[row.measurement]} | {row.P} | {row.batch} | {row.layers}/{row.layers_full} | "
-            f"{row.rows} | {_ms(row.eager_ms)} | {graph} | {ratio} | {kv} | {peak} | {row.note} |")
+    return (
+        f"| {row.model} | {LABELS[row.measurement]} | {row.P} | {row.batch} | {row.layers}/{row.layers_full} | "
+        f"{row.rows} | {_ms(row.eager_ms)} | {graph} | {ratio} | {kv} | {peak} | {row.note} |"
+    )
 
 
 def print_header(config: dict, target: ModelShape, draft: ModelShape, window: Window) -> None:
-    print(f"PARSE GPU cost lab: device={config['device']} ({config['device_name']}), dtype={config['dtype']}, "
-          f"SDPA backends {config['sdpa']}, torch {config['torch']}, {torch.get_num_threads()} CPU threads, "
-          f"random weights, median of {config['repeats']} after {config['warmup']} warm-up")
+    print(
+        f"PARSE GPU cost lab: device={config['device']} ({config['device_name']}), dtype={config['dtype']}, "
+        f"SDPA backends {config['sdpa']}, torch {config['torch']}, {torch.get_num_threads()} CPU threads, "
+        f"random weights, median of {config['repeats']} after {config['warmup']} warm-up"
+    )
     print(f"target: {target.describe(config['target_layers'])}, weights {config['target_weights_gib']:.2f} GiB")
     print(f"draft:  {draft.describe(config['draft_layers'])}, weights {config['draft_weights_gib']:.2f} GiB")
-    print(f"verify window: N = 1 + L + K*m = 1 + {window.draft_len} + {window.probes}*{window.suffix_len} = "
-          f"{window.rows} rows, boundaries b = {window.boundaries}; memory budget {config['mem_budget_gib']:g} GiB "
-          f"per model (models measured one at a time)")
+    print(
+        f"verify window: N = 1 + L + K*m = 1 + {window.draft_len} + {window.probes}*{window.suffix_len} = "
+        f"{window.rows} rows, boundaries b = {window.boundaries}; memory budget {config['mem_budget_gib']:g} GiB "
+        f"per model (models measured one at a time)"
+    )
 
 
 def print_speedups(predicted: list[dict], window: Window, accepted: int) -> None:
     print()
-    print("Predicted PARSE speedup over target-only (tokens per round = A+1; graphed times where all three "
-          "were captured, else eager):")
+    print(
+        "Predicted PARSE speedup over target-only (tokens per round = A+1; graphed times where all three "
+        "were captured, else eager):"
+    )
     print(f"    {FORMULA}")
-    print(f"    t_target_step = one target decode step; t_draft_loop = L+1 = {window.draft_len + 1} draft decode "
-          f"steps; t_verify = one PARSE verify pass of N = {window.rows} rows")
+    print(
+        f"    t_target_step = one target decode step; t_draft_loop = L+1 = {window.draft_len + 1} draft decode "
+        f"steps; t_verify = one PARSE verify pass of N = {window.rows} rows"
+    )
     sweep = sorted(set(SWEEP) | {accepted})
     heads = [f"A={a}" + (" (--accepted)" if a == accepted else "") for a in sweep]
     print()
-    print("| P | batch | layers target/draft | times | t_target_step ms | t_draft_loop ms | t_verify ms | round ms | "
-          + " | ".join(heads) + " |")
+    print(
+        "| P | batch | layers target/draft | times | t_target_step ms | t_draft_loop ms | t_verify ms | round ms | "
+        + " | ".join(heads)
+        + " |"
+    )
     print("| --- " * (8 + len(heads)) + "|")
     for i in range(0, len(predicted), len(sweep)):
         group = predicted[i : i + len(sweep)]
         r = group[0]
         cells = ["n/a" if g["speedup"] is None else f"{g['speedup']:.2f}x" for g in group]
-        print(f"| {r['P']} | {r['batch']} | {r['target_layers']}/{r['draft_layers']} | {r['timing']} | "
-              f"{_ms(r['t_target_step_ms'])} | {_ms(r['t_draft_loop_ms'])} | {_ms(r['t_verify_ms'])} | "
-              f"{_ms(r['round_ms'])} | " + " | ".join(cells) + " |")
+        print(
+            f"| {r['P']} | {r['batch']} | {r['target_layers']}/{r['draft_layers']} | {r['timing']} | "
+            f"{_ms(r['t_target_step_ms'])} | {_ms(r['t_draft_loop_ms'])} | {_ms(r['t_verify_ms'])} | "
+            f"{_ms(r['round_ms'])} | " + " | ".join(cells) + " |"
+        )
 
 
 def parse_args(argv=None):
@@ -599,26 +700,39 @@ def parse_args(argv=None):
     parser.add_argument("--tiny", action="store_true", help="tiny shapes (CPU in seconds); proves the script runs")
     parser.add_argument("--json", action="store_true", help="one JSON object per row instead of tables")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--dtype", choices=["bfloat16", "float16", "float32"],
-                        help="default: bfloat16 on CUDA, float32 on CPU")
-    parser.add_argument("--contexts", type=int, nargs="+",
-                        help="committed context lengths P (default 1024 8192; tiny 64 256)")
+    parser.add_argument(
+        "--dtype", choices=["bfloat16", "float16", "float32"], help="default: bfloat16 on CUDA, float32 on CPU"
+    )
+    parser.add_argument(
+        "--contexts", type=int, nargs="+", help="committed context lengths P (default 1024 8192; tiny 64 256)"
+    )
     parser.add_argument("--batches", type=int, nargs="+", help="batch sizes (default 1 8 32; tiny 1 2)")
     parser.add_argument("--draft-len", type=int, default=32, help="L, draft tokens per round")
     parser.add_argument("--probes", type=int, default=4, help="K, probes per round")
     parser.add_argument("--suffix-len", type=int, default=23, help="m, judge-suffix tokens per probe")
     parser.add_argument("--accepted", type=int, default=8, help="A, accepted draft tokens per round for the prediction")
     parser.add_argument("--layers", type=int, help="cap both models at this many layers (default: all)")
-    parser.add_argument("--mem-gib", type=float, default=78.0,
-                        help="memory budget per model (CUDA: also <= the device's free memory at start)")
+    parser.add_argument(
+        "--mem-gib",
+        type=float,
+        default=78.0,
+        help="memory budget per model (CUDA: also <= the device's free memory at start)",
+    )
     parser.add_argument("--warmup", type=int, help="default 3 (tiny 2)")
     parser.add_argument("--repeats", type=int, help="default 10 (tiny 5)")
     parser.add_argument("--threads", type=int, help="CPU threads (default: 1 with --tiny, else torch's default)")
     parser.add_argument("--no-graphs", action="store_true", help="eager only, also on CUDA")
-    parser.add_argument("--sdpa", nargs="+", choices=sorted(SDPA_BACKENDS),
-                        help="restrict SDPA to these backends (default: PyTorch chooses); flash runs no masked pass")
-    parser.add_argument("--check", action="store_true",
-                        help="first compare the verify pass with separate forwards (2 target layers, on this device)")
+    parser.add_argument(
+        "--sdpa",
+        nargs="+",
+        choices=sorted(SDPA_BACKENDS),
+        help="restrict SDPA to these backends (default: PyTorch chooses); flash runs no masked pass",
+    )
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="first compare the verify pass with separate forwards (2 target layers, on this device)",
+    )
     return parser.parse_args(argv)
 
 
@@ -644,11 +758,28 @@ def main(argv=None) -> None:
     itemsize = torch.empty((), dtype=dtype).element_size()
 
     config = dict(
-        kind="config", device=str(device), device_name=torch.cuda.get_device_name(device) if cuda else "cpu",
-        torch=torch.__version__, dtype=str(dtype).removeprefix("torch."), target=asdict(target), draft=asdict(draft),
-        target_layers=t_layers, draft_layers=d_layers, L=window.draft_len, K=window.probes, m=window.suffix_len,
-        N=window.rows, boundaries=window.boundaries, contexts=contexts, batches=batches, warmup=warmup,
-        repeats=repeats, graphs=graphs, sdpa=args.sdpa or "auto", mem_budget_gib=budget, formula=FORMULA,
+        kind="config",
+        device=str(device),
+        device_name=torch.cuda.get_device_name(device) if cuda else "cpu",
+        torch=torch.__version__,
+        dtype=str(dtype).removeprefix("torch."),
+        target=asdict(target),
+        draft=asdict(draft),
+        target_layers=t_layers,
+        draft_layers=d_layers,
+        L=window.draft_len,
+        K=window.probes,
+        m=window.suffix_len,
+        N=window.rows,
+        boundaries=window.boundaries,
+        contexts=contexts,
+        batches=batches,
+        warmup=warmup,
+        repeats=repeats,
+        graphs=graphs,
+        sdpa=args.sdpa or "auto",
+        mem_budget_gib=budget,
+        formula=FORMULA,
         target_weights_gib=target.weight_numel(t_layers) * itemsize / GIB,
         draft_weights_gib=draft.weight_numel(d_layers) * itemsize / GIB,
     )
@@ -675,19 +806,26 @@ def main(argv=None) -> None:
         if args.json:
             print(json.dumps(check), flush=True)
         else:
-            print(f"check ({check['model']}, {check['layers']} layers, P={check['P']}, batch {check['batch']}, "
-                  f"{config['dtype']}): max |difference| {check['max_abs_diff']}, logits up to "
-                  f"{check['logit_scale']:.3g}", flush=True)
+            print(
+                f"check ({check['model']}, {check['layers']} layers, P={check['P']}, batch {check['batch']}, "
+                f"{config['dtype']}): max |difference| {check['max_abs_diff']}, logits up to "
+                f"{check['logit_scale']:.3g}",
+                flush=True,
+            )
     if not args.json:
         print()
-        print("| model | measurement | P | batch | layers | rows/req | eager ms | graph ms | eager/graph | KV GiB | "
-              "peak GiB | note |")
+        print(
+            "| model | measurement | P | batch | layers | rows/req | eager ms | graph ms | eager/graph | KV GiB | "
+            "peak GiB | note |"
+        )
         print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     with torch.inference_mode(), sdpa():
-        rows = run_model("target", target, t_layers, window, contexts, batches, device, dtype, graphs,
-                         warmup, repeats, budget, emit)
-        rows += run_model("draft", draft, d_layers, window, contexts, batches, device, dtype, graphs,
-                          warmup, repeats, budget, emit)
+        rows = run_model(
+            "target", target, t_layers, window, contexts, batches, device, dtype, graphs, warmup, repeats, budget, emit
+        )
+        rows += run_model(
+            "draft", draft, d_layers, window, contexts, batches, device, dtype, graphs, warmup, repeats, budget, emit
+        )
     predicted = speedups(rows, contexts, batches, args.accepted)
     if args.json:
         for row in predicted:

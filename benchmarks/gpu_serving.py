@@ -111,7 +111,7 @@ COLUMNS (one JSON object per row with --json; the table shows the main ones)
   predicted_ratio_gpu_cost, gpu_cost_match   with --gpu-cost FILE (below)
 
 COSTS AND BREAK-EVEN. A PARSE round costs (L+1) draft steps + one verify pass whatever it
-accepts (DESIGN.md §9): round_ms = (server_L + 1) * draft_step + verify(server_L). The draft
+accepts (docs/gpu.md §9): round_ms = (server_L + 1) * draft_step + verify(server_L). The draft
 step is measured directly (draft_only, the draft model served alone at the same batch) and
 fitted from the lossless rows at several L (slope above); verify(L) is what remains of the
 measured round. The round yields A + 1 tokens where target-only takes A + 1 steps, so PARSE
@@ -138,7 +138,7 @@ tokens (Qwen3's own tokenizer: about 23), so a probe window here has more rows t
 pair's (N_max = 1 + L + K_max * m: 193 at L = 32, Δ = 8). Forced reject is threshold 1.0: a score
 of exactly 1.0 (the yes logit ahead by about 17 in fp32) still passes; judged_share shows it.
 
-On a machine without CUDA the CPU runtime is enabled (parse_sglang.cpu, its engine_settings():
+On a machine without CUDA the CPU runtime is enabled (sglang_cpu, its engine_settings():
 fp32, torch-native attention) and PARSE's graph path runs with the eager-replay stand-in
 (PARSE_CPU_GRAPHS=1, decode graphs on, prefill graphs off); SGLang's CPU decode graphs cover
 TARGET_VERIFY only, so target-only and draft-only run eagerly there.
@@ -165,11 +165,19 @@ sys.path.insert(0, str(HERE))  # gpu_cost (its model shapes, its JSON rows)
 sys.path.insert(0, str(HERE.parent))  # this checkout's parse_sglang first
 
 from parse_sglang.settings import ParseConfig  # noqa: E402
-from parse_sglang.demo import DEFAULT_LIKELIHOOD_THRESHOLD, parse_engine_kwargs, table  # noqa: E402
+from parse_sglang.demo import DEFAULT_LIKELIHOOD_THRESHOLD, table  # noqa: E402
+from parse_sglang.settings import parse_engine_kwargs  # noqa: E402
 
 PAIRS = ("qwen3-dummy", "synthetic", "tiny", "tiny-dummy")
-MODES = ("target_only", "standalone", "parse_lossless", "parse_judge_accept", "parse_judge_reject",
-         "parse_likelihood", "draft_only")
+MODES = (
+    "target_only",
+    "standalone",
+    "parse_lossless",
+    "parse_judge_accept",
+    "parse_judge_reject",
+    "parse_likelihood",
+    "draft_only",
+)
 PARSE_MODES = ("parse_lossless", "parse_judge_accept", "parse_judge_reject", "parse_likelihood")
 JUDGE_MODES = PARSE_MODES[1:]
 ATTENTION_BACKENDS = ("triton", "flashinfer", "fa3", "torch_native")
@@ -182,8 +190,21 @@ REQUEST_SETTINGS = {
     "parse_judge_reject": {"judge_mode": "probe", "threshold": 1.0},
 }
 GRAPH_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256)
-TABLE_KEYS = ("pair", "mode", "L", "batch", "tokens_per_s", "ratio_to_target_only", "decode_ratio_to_target_only",
-              "round_ms", "tokens_per_round", "a_break", "verify_ms", "graph_replayed", "equal_to_target_only")
+TABLE_KEYS = (
+    "pair",
+    "mode",
+    "L",
+    "batch",
+    "tokens_per_s",
+    "ratio_to_target_only",
+    "decode_ratio_to_target_only",
+    "round_ms",
+    "tokens_per_round",
+    "a_break",
+    "verify_ms",
+    "graph_replayed",
+    "equal_to_target_only",
+)
 
 
 # ---- pairs -----------------------------------------------------------------------------------
@@ -226,12 +247,22 @@ def write_weightless_model(out_dir: Path, shape) -> None:
 
     tokenizer = padded_tokenizer(out_dir, shape.vocab)
     Qwen3Config(
-        vocab_size=shape.vocab, hidden_size=shape.hidden, intermediate_size=shape.intermediate,
-        num_hidden_layers=shape.layers, num_attention_heads=shape.q_heads, num_key_value_heads=shape.kv_heads,
-        head_dim=shape.head_dim, max_position_embeddings=40960, rope_theta=shape.rope_theta,
-        rms_norm_eps=shape.eps, tie_word_embeddings=shape.tied_embeddings, architectures=["Qwen3ForCausalLM"],
-        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id, dtype="bfloat16",
+        vocab_size=shape.vocab,
+        hidden_size=shape.hidden,
+        intermediate_size=shape.intermediate,
+        num_hidden_layers=shape.layers,
+        num_attention_heads=shape.q_heads,
+        num_key_value_heads=shape.kv_heads,
+        head_dim=shape.head_dim,
+        max_position_embeddings=40960,
+        rope_theta=shape.rope_theta,
+        rms_norm_eps=shape.eps,
+        tie_word_embeddings=shape.tied_embeddings,
+        architectures=["Qwen3ForCausalLM"],
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        dtype="bfloat16",
     ).save_pretrained(out_dir)
 
 
@@ -241,8 +272,12 @@ def weightless_pair(target_shape, draft_shape, cache_dir=None) -> tuple[Path, Pa
 
     from parse_sglang.model_cache import build_once, cache_root
 
-    recipe = {"pair": "weightless-qwen3", "target": dataclasses.asdict(target_shape),
-              "draft": dataclasses.asdict(draft_shape), "tokenizer": "tiny_models chatml, padded with added tokens"}
+    recipe = {
+        "pair": "weightless-qwen3",
+        "target": dataclasses.asdict(target_shape),
+        "draft": dataclasses.asdict(draft_shape),
+        "tokenizer": "tiny_models chatml, padded with added tokens",
+    }
     digest = hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:12]
 
     def build(work: Path) -> None:
@@ -264,18 +299,34 @@ def load_pair(name: str, args, count: int) -> Pair:
     if name in ("qwen3-dummy", "tiny-dummy"):
         import gpu_cost
 
-        shapes = (gpu_cost.QWEN3_8B, gpu_cost.QWEN3_06B) if name == "qwen3-dummy" else (
-            gpu_cost.TINY_TARGET, gpu_cost.TINY_DRAFT)
+        shapes = (
+            (gpu_cost.QWEN3_8B, gpu_cost.QWEN3_06B)
+            if name == "qwen3-dummy"
+            else (gpu_cost.TINY_TARGET, gpu_cost.TINY_DRAFT)
+        )
         target, draft = weightless_pair(*shapes, cache_dir=args.cache_dir)
         dtype = "bfloat16" if args.cuda else "float32"
-        return Pair(name, str(target), str(draft), args.dtype or dtype,
-                    random_prompts(count, args.context, shapes[0].vocab), ignore_eos=True, load_format="dummy")
+        return Pair(
+            name,
+            str(target),
+            str(draft),
+            args.dtype or dtype,
+            random_prompts(count, args.context, shapes[0].vocab),
+            ignore_eos=True,
+            load_format="dummy",
+        )
     if name == "tiny":
         from support.tiny_models import build_pair
 
         target, draft = build_pair(Path(tempfile.mkdtemp(prefix="gpu_serving_")) / "pair")
-        return Pair(name, str(target), str(draft), args.dtype or "float32",
-                    random_prompts(count, args.context, 400), ignore_eos=True)
+        return Pair(
+            name,
+            str(target),
+            str(draft),
+            args.dtype or "float32",
+            random_prompts(count, args.context, 400),
+            ignore_eos=True,
+        )
     from support import synthetic
     from transformers import AutoTokenizer
 
@@ -316,8 +367,9 @@ def parse_config_for(args, L: int, mode: str) -> ParseConfig:
 
 
 def request_settings(args, mode: str, L: int, server_L: int) -> dict:
-    settings = dict(REQUEST_SETTINGS.get(mode, {"judge_mode": "likelihood",
-                                                "likelihood_threshold": args.likelihood_threshold}))
+    settings = dict(
+        REQUEST_SETTINGS.get(mode, {"judge_mode": "likelihood", "likelihood_threshold": args.likelihood_threshold})
+    )
     if L != server_L:
         settings["draft_budget"] = L
     return settings
@@ -336,8 +388,9 @@ def plan_engines(args, pair: Pair) -> list[EngineSpec]:
         server_L = max(L for _, L in parse_rows)
         config = parse_config_for(args, server_L, "parse_judge_accept")
         rows = [RowSpec(m, L, request_settings(args, m, L, server_L)) for (m, L) in parse_rows]
-        plan.append(EngineSpec(f"PARSE L={server_L} shared", parse_engine_kwargs(pair.draft, config), rows,
-                               server_L, config))
+        plan.append(
+            EngineSpec(f"PARSE L={server_L} shared", parse_engine_kwargs(pair.draft, config), rows, server_L, config)
+        )
     else:
         groups: dict[tuple[str, int], list[RowSpec]] = {}
         for (mode, L), row in parse_rows.items():
@@ -351,16 +404,27 @@ def plan_engines(args, pair: Pair) -> list[EngineSpec]:
             plan.append(EngineSpec(f"PARSE L={L} {label}", parse_engine_kwargs(pair.draft, config), rows, L, config))
     if "standalone" in modes:
         steps = args.standalone_steps
-        plan.append(EngineSpec("STANDALONE", dict(
-            speculative_algorithm="STANDALONE", speculative_draft_model_path=pair.draft, speculative_num_steps=steps,
-            speculative_eagle_topk=1, speculative_num_draft_tokens=steps + 1), [RowSpec("standalone", steps)]))
+        plan.append(
+            EngineSpec(
+                "STANDALONE",
+                dict(
+                    speculative_algorithm="STANDALONE",
+                    speculative_draft_model_path=pair.draft,
+                    speculative_num_steps=steps,
+                    speculative_eagle_topk=1,
+                    speculative_num_draft_tokens=steps + 1,
+                ),
+                [RowSpec("standalone", steps)],
+            )
+        )
     # SGLang's CPU decode graphs capture TARGET_VERIFY only: a CPU target-only engine runs eagerly.
     plain_graphs = args.cuda
     if "target_only" in modes:
         plan.append(EngineSpec("target-only", {}, [RowSpec("target_only", None)], graphs=plain_graphs))
     if "draft_only" in modes:
-        plan.append(EngineSpec("draft-only", {"model_path": pair.draft}, [RowSpec("draft_only", None)],
-                               graphs=plain_graphs))
+        plan.append(
+            EngineSpec("draft-only", {"model_path": pair.draft}, [RowSpec("draft_only", None)], graphs=plain_graphs)
+        )
     return plan
 
 
@@ -379,18 +443,28 @@ def common_settings(args, pair: Pair, max_batch: int, graphs: bool) -> dict:
     longest = max(len(p) for p in pair.prompts)
     needed = longest + args.max_new_tokens + 4 * max(args.all_L) + 512  # prompt, output, two windows, slack
     context_length = min(pair.max_position, -(-needed // 256) * 256)
-    kwargs = dict(model_path=pair.target, log_level="error", disable_radix_cache=True, max_running_requests=max_batch,
-                  context_length=context_length)
+    kwargs = dict(
+        model_path=pair.target,
+        log_level="error",
+        disable_radix_cache=True,
+        max_running_requests=max_batch,
+        context_length=context_length,
+    )
     if args.cuda:
-        kwargs.update(dtype=pair.dtype, attention_backend=args.attention_backend,
-                      sampling_backend=args.sampling_backend)
+        kwargs.update(
+            dtype=pair.dtype, attention_backend=args.attention_backend, sampling_backend=args.sampling_backend
+        )
         if args.mem_fraction_static is not None:
             kwargs["mem_fraction_static"] = args.mem_fraction_static
     else:
-        from parse_sglang.cpu import engine_settings
+        from sglang_cpu import engine_settings
 
-        kwargs.update(engine_settings(), dtype=pair.dtype, mem_fraction_static=0.5,
-                      max_total_tokens=max(8192, 2 * max_batch * context_length))
+        kwargs.update(
+            engine_settings(),
+            dtype=pair.dtype,
+            mem_fraction_static=0.5,
+            max_total_tokens=max(8192, 2 * max_batch * context_length),
+        )
     if pair.load_format:
         kwargs["load_format"] = pair.load_format
     if graphs and not args.no_graphs:
@@ -409,7 +483,7 @@ def started(kwargs: dict, cpu_graphs: bool):
     process's server-argument resolution and by the scheduler it spawns)."""
     import sglang
 
-    from parse_sglang.cpu import CPU_GRAPHS_ENV
+    from sglang_cpu import CPU_GRAPHS_ENV
 
     before = os.environ.get(CPU_GRAPHS_ENV)
     if cpu_graphs:
@@ -434,8 +508,7 @@ def parse_totals(engine) -> dict:
 # ---- measuring -------------------------------------------------------------------------------
 
 
-def measure(engine, pair: Pair, spec: EngineSpec, row: RowSpec, batch: int, max_new_tokens: int,
-            warm_up: bool) -> dict:
+def measure(engine, pair: Pair, spec: EngineSpec, row: RowSpec, batch: int, max_new_tokens: int, warm_up: bool) -> dict:
     """One row: a warm-up call (if warm_up), the timed call, the prefill-only call; counters and outputs."""
     prompts = pair.prompts[:batch]
     params = {"temperature": 0.0, "max_new_tokens": max_new_tokens, "ignore_eos": pair.ignore_eos}
@@ -456,8 +529,10 @@ def measure(engine, pair: Pair, spec: EngineSpec, row: RowSpec, batch: int, max_
     metas = [o["meta_info"] for o in outs]
     completions = [m["completion_tokens"] for m in metas]
     tokens, after_first = sum(completions), sum(c - 1 for c in completions)
-    delta = {k: after.get(k, 0) - before.get(k, 0)
-             for k in ("verify_passes", "graph_passes", "rounds", "verify_rows", "draft_length")}
+    delta = {
+        k: after.get(k, 0) - before.get(k, 0)
+        for k in ("verify_passes", "graph_passes", "rounds", "verify_rows", "draft_length")
+    }
     judged = sum((m.get("parse") or {}).get("accepted_judged", 0) for m in metas)
     if row.mode in PARSE_MODES:
         rounds, request_rounds = delta["verify_passes"], sum((m.get("parse") or {}).get("rounds", 0) for m in metas)
@@ -469,9 +544,18 @@ def measure(engine, pair: Pair, spec: EngineSpec, row: RowSpec, batch: int, max_
     decode = wall - prefill
     parse_row = row.mode in PARSE_MODES
     return {
-        "pair": pair.name, "mode": row.mode, "engine": spec.name, "L": row.L, "server_L": spec.server_L,
-        "batch": batch, "context": sum(map(len, prompts)) / batch, "max_new_tokens": max_new_tokens,
-        "output_tokens": tokens, "wall_s": wall, "prefill_s": prefill, "decode_s": decode,
+        "pair": pair.name,
+        "mode": row.mode,
+        "engine": spec.name,
+        "L": row.L,
+        "server_L": spec.server_L,
+        "batch": batch,
+        "context": sum(map(len, prompts)) / batch,
+        "max_new_tokens": max_new_tokens,
+        "output_tokens": tokens,
+        "wall_s": wall,
+        "prefill_s": prefill,
+        "decode_s": decode,
         "tokens_per_s": tokens / wall,
         "decode_tokens_per_s": after_first / decode if decode > 0 and after_first else None,
         "rounds": rounds,
@@ -482,7 +566,8 @@ def measure(engine, pair: Pair, spec: EngineSpec, row: RowSpec, batch: int, max_
         "verify_passes": delta["verify_passes"] if parse_row else None,
         "graph_passes": delta["graph_passes"] if parse_row else None,
         "graph_replayed": (delta["verify_passes"] > 0 and delta["graph_passes"] == delta["verify_passes"])
-        if parse_row else None,
+        if parse_row
+        else None,
         "judged_share": judged / after_first if after_first else 0.0,
         "cuda_graphs": spec.graphs and not engine_disables_graphs(engine),
         "attention_backend": engine.get_server_info().get("attention_backend"),
@@ -526,8 +611,9 @@ def run_pair(args, pair: Pair, progress) -> list[dict]:
                     rows.append(measure(engine, pair, spec, row, batch, args.max_new_tokens, batch not in warm))
                     warm.add(batch)
                     rows[-1]["window_has_probes"] = bool(spec.config and spec.config.uses_probe)
-                    progress(f"{pair.name}: {row.mode} L={row.L} batch {batch}: "
-                             f"{rows[-1]['tokens_per_s']:.1f} tokens/s")
+                    progress(
+                        f"{pair.name}: {row.mode} L={row.L} batch {batch}: {rows[-1]['tokens_per_s']:.1f} tokens/s"
+                    )
     return rows
 
 
@@ -552,9 +638,14 @@ def derive(rows: list[dict]) -> None:
     for row in rows:
         base = by_key.get((row["pair"], row["batch"], "target_only"))
         draft = by_key.get((row["pair"], row["batch"], "draft_only"))
-        lossless = [(r["server_L"] + 1, r["round_ms"]) for r in rows
-                    if r["pair"] == row["pair"] and r["batch"] == row["batch"] and r["mode"] == "parse_lossless"
-                    and r["round_ms"] is not None]
+        lossless = [
+            (r["server_L"] + 1, r["round_ms"])
+            for r in rows
+            if r["pair"] == row["pair"]
+            and r["batch"] == row["batch"]
+            and r["mode"] == "parse_lossless"
+            and r["round_ms"] is not None
+        ]
         fit = fit_line(lossless)
         row["draft_step_fit_ms"], row["fit_intercept_ms"] = fit if fit else (None, None)
         row["draft_step_ms"] = draft["round_ms"] if draft else row["draft_step_fit_ms"]
@@ -569,10 +660,11 @@ def derive(rows: list[dict]) -> None:
         row["ratio_to_target_only"] = row["tokens_per_s"] / base["tokens_per_s"] if ok else None
         row["decode_ratio_to_target_only"] = (
             row["decode_tokens_per_s"] / base["decode_tokens_per_s"]
-            if ok and row["decode_tokens_per_s"] and base["decode_tokens_per_s"] else None)
+            if ok and row["decode_tokens_per_s"] and base["decode_tokens_per_s"]
+            else None
+        )
         row["target_step_ms"] = base["round_ms"] if base else None
-        row["a_break"] = (row["round_ms"] / base["round_ms"] - 1
-                          if ok and row["round_ms"] and base["round_ms"] else None)
+        row["a_break"] = row["round_ms"] / base["round_ms"] - 1 if ok and row["round_ms"] and base["round_ms"] else None
         same = [a == b for a, b in zip(row["output_ids"], base["output_ids"])] if ok else []
         row["outputs_equal"] = sum(same) / len(same) if same else None
         row["equal_to_target_only"] = all(same) if row["mode"] == "parse_lossless" and same else None
@@ -588,8 +680,9 @@ def read_gpu_cost(path: str) -> dict[tuple[int, int, int], dict]:
         try:
             item = json.loads(line)
         except ValueError as err:
-            raise ValueError(f"--gpu-cost {path}: line {number} is not JSON ({err}): allowed is gpu_cost.py --json "
-                             "output") from None
+            raise ValueError(
+                f"--gpu-cost {path}: line {number} is not JSON ({err}): allowed is gpu_cost.py --json output"
+            ) from None
         if item.get("kind") == "config":
             L = item["L"]
         elif item.get("kind") == "measurement" and L is not None:
@@ -597,8 +690,9 @@ def read_gpu_cost(path: str) -> dict[tuple[int, int, int], dict]:
             entry[f"{item['model']}/{item['measurement']}"] = (item.get("graph_ms"), item.get("eager_ms"))
             entry["capped"] |= item.get("layers") != item.get("layers_full")
     if not costs:
-        raise ValueError(f"--gpu-cost {path}: no measurement rows after a config line: allowed is gpu_cost.py "
-                         "--json output")
+        raise ValueError(
+            f"--gpu-cost {path}: no measurement rows after a config line: allowed is gpu_cost.py --json output"
+        )
     return costs
 
 
@@ -622,8 +716,9 @@ def add_gpu_cost(rows: list[dict], costs: dict[tuple[int, int, int], dict]) -> N
         if None in times:
             continue
         row["predicted_ratio_gpu_cost"] = (row["accepted_per_round"] + 1) * times[0] / (times[1] + times[2])
-        row["gpu_cost_match"] = (f"L={row['server_L']} P={P} batch={row['batch']} {verify.split('/')[1]} {timing}"
-                                 + (" (layers capped)" if entry["capped"] else ""))
+        row["gpu_cost_match"] = f"L={row['server_L']} P={P} batch={row['batch']} {verify.split('/')[1]} {timing}" + (
+            " (layers capped)" if entry["capped"] else ""
+        )
 
 
 # ---- output ----------------------------------------------------------------------------------
@@ -642,26 +737,55 @@ def fmt(value) -> str:
 def print_tables(rows: list[dict], gpu_cost: bool) -> None:
     print(table(TABLE_KEYS, [[fmt(r[k]) for k in TABLE_KEYS] for r in rows]))
     print()
-    print("Costs per pair and batch (ms): draft step = the draft-only decode step, and the slope of lossless round "
-          "time over L+1 (fit); verify(L) = lossless round - (L+1) * draft step:")
+    print(
+        "Costs per pair and batch (ms): draft step = the draft-only decode step, and the slope of lossless round "
+        "time over L+1 (fit); verify(L) = lossless round - (L+1) * draft step:"
+    )
     cost_rows = []
-    for (pair, batch) in dict.fromkeys((r["pair"], r["batch"]) for r in rows):
+    for pair, batch in dict.fromkeys((r["pair"], r["batch"]) for r in rows):
         group = [r for r in rows if r["pair"] == pair and r["batch"] == batch]
         verify = {r["server_L"]: r["verify_ms"] for r in group if r["mode"] == "parse_lossless"}
         one = group[0]
-        cost_rows.append([pair, str(batch), fmt(one["target_step_ms"]),
-                          fmt(next((r["round_ms"] for r in group if r["mode"] == "draft_only"), None)),
-                          fmt(one["draft_step_fit_ms"]), fmt(one["fit_intercept_ms"]),
-                          ", ".join(f"L={L}: {fmt(v)}" for L, v in sorted(verify.items()) if v is not None) or "-"])
-    print(table(["pair", "batch", "target step", "draft step (alone)", "draft step (fit)", "fit intercept",
-                 "verify(L) lossless"], cost_rows))
+        cost_rows.append(
+            [
+                pair,
+                str(batch),
+                fmt(one["target_step_ms"]),
+                fmt(next((r["round_ms"] for r in group if r["mode"] == "draft_only"), None)),
+                fmt(one["draft_step_fit_ms"]),
+                fmt(one["fit_intercept_ms"]),
+                ", ".join(f"L={L}: {fmt(v)}" for L, v in sorted(verify.items()) if v is not None) or "-",
+            ]
+        )
+    print(
+        table(
+            [
+                "pair",
+                "batch",
+                "target step",
+                "draft step (alone)",
+                "draft step (fit)",
+                "fit intercept",
+                "verify(L) lossless",
+            ],
+            cost_rows,
+        )
+    )
     if all(r["draft_step_fit_ms"] is None for r in rows):
         print("(no fit: it needs parse_lossless engines at two L or more; --share-engines runs one PARSE engine)")
     if gpu_cost:
         print()
         print("gpu_cost.py prediction at the measured A beside the measured decode ratio:")
-        keys = ("pair", "mode", "L", "batch", "accepted_per_round", "decode_ratio_to_target_only",
-                "predicted_ratio_gpu_cost", "gpu_cost_match")
+        keys = (
+            "pair",
+            "mode",
+            "L",
+            "batch",
+            "accepted_per_round",
+            "decode_ratio_to_target_only",
+            "predicted_ratio_gpu_cost",
+            "gpu_cost_match",
+        )
         print(table(keys, [[fmt(r[k]) for k in keys] for r in rows if r["mode"] in PARSE_MODES]))
 
 
@@ -682,20 +806,30 @@ def plot(rows: list[dict], path: str, title: str) -> None:
     batches = sorted({r["batch"] for r in rows})
     colours = {b: plt.cm.viridis(i / max(len(batches) - 1, 1)) for i, b in enumerate(batches)}
     for ax, pair in zip(axes[0], pairs):
-        shown = [r for r in rows if r["pair"] == pair and r["accepted_per_round"] is not None
-                 and r["ratio_to_target_only"] is not None]
+        shown = [
+            r
+            for r in rows
+            if r["pair"] == pair and r["accepted_per_round"] is not None and r["ratio_to_target_only"] is not None
+        ]
         for r in shown:
             c, m = colours[r["batch"]], markers[r["mode"]]
             ax.scatter(r["accepted_per_round"], r["ratio_to_target_only"], color=c, marker=m)
             if r["decode_ratio_to_target_only"] is not None:
-                ax.scatter(r["accepted_per_round"], r["decode_ratio_to_target_only"], facecolors="none",
-                           edgecolors=[c], marker=m)
+                ax.scatter(
+                    r["accepted_per_round"],
+                    r["decode_ratio_to_target_only"],
+                    facecolors="none",
+                    edgecolors=[c],
+                    marker=m,
+                )
         ax.axhline(1.0, color="grey", lw=0.8, ls="--")
         ax.set_xlabel("accepted draft tokens per round (A)")
         ax.set_ylabel("throughput / target-only")
         ax.set_title(f"{pair} (filled: end to end, hollow: decode only)", fontsize=9)
-        handles = [Line2D([], [], color="k", marker=markers[mode], ls="", label=mode)
-                   for mode in dict.fromkeys(r["mode"] for r in shown)]
+        handles = [
+            Line2D([], [], color="k", marker=markers[mode], ls="", label=mode)
+            for mode in dict.fromkeys(r["mode"] for r in shown)
+        ]
         handles += [Line2D([], [], color=colours[b], marker="o", ls="", label=f"batch {b}") for b in batches]
         ax.legend(handles=handles, fontsize=7)
     fig.suptitle("\n".join(textwrap.wrap(title, 110)), fontsize=8)
@@ -716,14 +850,26 @@ def kit_flags() -> dict[str, str]:
     return {flag: value for flag, value in zip(words, words[1:]) if flag.startswith("--")}
 
 
-SMOKE = dict(pairs=["tiny"], batches=[1, 4], steps=[2, 4], judge_steps=[4], context=48, max_new_tokens=16,
-             probe_stride=2, modes=[m for m in MODES if m != "draft_only"], max_batch=4)
+SMOKE = dict(
+    pairs=["tiny"],
+    batches=[1, 4],
+    steps=[2, 4],
+    judge_steps=[4],
+    context=48,
+    max_new_tokens=16,
+    probe_stride=2,
+    modes=[m for m in MODES if m != "draft_only"],
+    max_batch=4,
+)
 
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(prog="python benchmarks/gpu_serving.py", description=__doc__.splitlines()[0])
-    parser.add_argument("--cpu-smoke", action="store_true",
-                        help="tiny models on CPU, PARSE's graph path with the eager-replay stand-in (~1 minute)")
+    parser.add_argument(
+        "--cpu-smoke",
+        action="store_true",
+        help="tiny models on CPU, PARSE's graph path with the eager-replay stand-in (~1 minute)",
+    )
     parser.add_argument("--pairs", nargs="+", help=f"allowed: {', '.join(PAIRS)} (default qwen3-dummy synthetic)")
     parser.add_argument("--modes", nargs="+", help=f"allowed: {', '.join(MODES)} (default all)")
     parser.add_argument("--batches", nargs="+", help="batch sizes, integers >= 1 or 'max' (default 1 8 32 max)")
@@ -732,18 +878,27 @@ def parse_args(argv=None):
     parser.add_argument("--judge-steps", nargs="+", type=int, help="L of the judge modes (default 8 32)")
     parser.add_argument("--standalone-steps", type=int, default=3, help="STANDALONE's --speculative-num-steps")
     parser.add_argument("--probe-stride", type=int, help="Δ of the probe judge (default 8)")
-    parser.add_argument("--likelihood-threshold", type=float, default=DEFAULT_LIKELIHOOD_THRESHOLD,
-                        help="λ of parse_likelihood")
+    parser.add_argument(
+        "--likelihood-threshold", type=float, default=DEFAULT_LIKELIHOOD_THRESHOLD, help="λ of parse_likelihood"
+    )
     parser.add_argument("--context", type=int, help="prompt tokens of the random-prompt pairs (default 1000)")
     parser.add_argument("--max-new-tokens", type=int, help="output tokens per request (default 128)")
-    parser.add_argument("--share-engines", action=argparse.BooleanOptionalAction,
-                        help="one PARSE engine serves every PARSE row (default with --cpu-smoke only)")
-    parser.add_argument("--attention-backend", help=f"CUDA; allowed: {', '.join(ATTENTION_BACKENDS)} (default: "
-                                                    "$GPUKIT_SERVER_FLAGS's, else triton)")
-    parser.add_argument("--sampling-backend", help=f"CUDA; allowed: {', '.join(SAMPLING_BACKENDS)} (default: "
-                                                   "$GPUKIT_SERVER_FLAGS's, else pytorch)")
-    parser.add_argument("--dtype", help=f"random-prompt pairs; allowed: {', '.join(DTYPES)} "
-                                        "(default bfloat16 on CUDA, float32 on CPU)")
+    parser.add_argument(
+        "--share-engines",
+        action=argparse.BooleanOptionalAction,
+        help="one PARSE engine serves every PARSE row (default with --cpu-smoke only)",
+    )
+    parser.add_argument(
+        "--attention-backend",
+        help=f"CUDA; allowed: {', '.join(ATTENTION_BACKENDS)} (default: $GPUKIT_SERVER_FLAGS's, else triton)",
+    )
+    parser.add_argument(
+        "--sampling-backend",
+        help=f"CUDA; allowed: {', '.join(SAMPLING_BACKENDS)} (default: $GPUKIT_SERVER_FLAGS's, else pytorch)",
+    )
+    parser.add_argument(
+        "--dtype", help=f"random-prompt pairs; allowed: {', '.join(DTYPES)} (default bfloat16 on CUDA, float32 on CPU)"
+    )
     parser.add_argument("--synthetic-dtype", default="float32", help=f"allowed: {', '.join(DTYPES)}")
     parser.add_argument("--mem-fraction-static", type=float, help="SGLang's --mem-fraction-static (CUDA)")
     parser.add_argument("--no-graphs", action="store_true", help="every engine eager (for comparison)")
@@ -751,15 +906,25 @@ def parse_args(argv=None):
     parser.add_argument("--gpu-cost", help="gpu_cost.py --json output to set its predictions beside the ratios")
     parser.add_argument("--json", action="store_true", help="one JSON object per row on stdout, no tables")
     parser.add_argument("--plot", help="PNG path (default benchmarks/gpu_serving.png; --cpu-smoke: a temp file)")
-    parser.add_argument("--cache-dir", help="cache root of built models (default $PARSE_SGLANG_CACHE or "
-                                            "~/.cache/parse-sglang)")
+    parser.add_argument(
+        "--cache-dir", help="cache root of built models (default $PARSE_SGLANG_CACHE or ~/.cache/parse-sglang)"
+    )
     args = parser.parse_args(argv)
     import torch
 
     args.cuda = torch.cuda.is_available()
-    defaults = dict(pairs=["qwen3-dummy", "synthetic"], batches=["1", "8", "32", "max"], steps=[4, 8, 16, 32],
-                    judge_steps=[8, 32], context=1000, max_new_tokens=128, probe_stride=8, modes=list(MODES),
-                    max_batch=64, share_engines=False)
+    defaults = dict(
+        pairs=["qwen3-dummy", "synthetic"],
+        batches=["1", "8", "32", "max"],
+        steps=[4, 8, 16, 32],
+        judge_steps=[8, 32],
+        context=1000,
+        max_new_tokens=128,
+        probe_stride=8,
+        modes=list(MODES),
+        max_batch=64,
+        share_engines=False,
+    )
     if args.cpu_smoke:
         defaults.update(SMOKE, batches=[str(b) for b in SMOKE["batches"]], share_engines=True)
     for name, value in defaults.items():
@@ -772,11 +937,14 @@ def parse_args(argv=None):
     def refuse(flag, value, allowed):
         parser.error(f"--{flag}={value} is invalid: allowed is {allowed}")
 
-    for flag, values, allowed in (("pairs", args.pairs, PAIRS), ("modes", args.modes, MODES),
-                                  ("attention-backend", [args.attention_backend], ATTENTION_BACKENDS),
-                                  ("sampling-backend", [args.sampling_backend], SAMPLING_BACKENDS),
-                                  ("synthetic-dtype", [args.synthetic_dtype], DTYPES),
-                                  ("dtype", [args.dtype] if args.dtype else [], DTYPES)):
+    for flag, values, allowed in (
+        ("pairs", args.pairs, PAIRS),
+        ("modes", args.modes, MODES),
+        ("attention-backend", [args.attention_backend], ATTENTION_BACKENDS),
+        ("sampling-backend", [args.sampling_backend], SAMPLING_BACKENDS),
+        ("synthetic-dtype", [args.synthetic_dtype], DTYPES),
+        ("dtype", [args.dtype] if args.dtype else [], DTYPES),
+    ):
         for value in values:
             if value not in allowed:
                 refuse(flag, value, "one of " + ", ".join(allowed))
@@ -786,12 +954,15 @@ def parse_args(argv=None):
             refuse("batches", value, "an integer >= 1 or 'max'")
         batches.append(value if value == "max" else int(value))
     args.batches = list(dict.fromkeys(batches))
-    for flag, values, low, high in (("steps", args.steps, 1, 1024), ("judge-steps", args.judge_steps, 1, 1024),
-                                    ("standalone-steps", [args.standalone_steps], 1, 1024),
-                                    ("probe-stride", [args.probe_stride], 1, 1024),
-                                    ("context", [args.context], 1, 1 << 20),
-                                    ("max-new-tokens", [args.max_new_tokens], 2, 1 << 20),
-                                    ("max-batch", [args.max_batch], 1, 4096)):
+    for flag, values, low, high in (
+        ("steps", args.steps, 1, 1024),
+        ("judge-steps", args.judge_steps, 1, 1024),
+        ("standalone-steps", [args.standalone_steps], 1, 1024),
+        ("probe-stride", [args.probe_stride], 1, 1024),
+        ("context", [args.context], 1, 1 << 20),
+        ("max-new-tokens", [args.max_new_tokens], 2, 1 << 20),
+        ("max-batch", [args.max_batch], 1, 4096),
+    ):
         for value in values:
             if not low <= value <= high:
                 refuse(flag, value, f"an integer in [{low}, {high}]")
@@ -803,25 +974,32 @@ def parse_args(argv=None):
         try:
             args.gpu_cost_table = read_gpu_cost(args.gpu_cost)
         except OSError as err:
-            parser.error(f"--gpu-cost={args.gpu_cost} cannot be read ({err.strerror}): allowed is a file of "
-                         "gpu_cost.py --json output")
+            parser.error(
+                f"--gpu-cost={args.gpu_cost} cannot be read ({err.strerror}): allowed is a file of "
+                "gpu_cost.py --json output"
+            )
         except ValueError as err:
             parser.error(str(err))
     if "qwen3-dummy" in args.pairs and not args.cuda:
-        parser.error("--pairs=qwen3-dummy needs a CUDA device (an 8B model): allowed here are tiny, tiny-dummy, "
-                     "synthetic (or --cpu-smoke)")
+        parser.error(
+            "--pairs=qwen3-dummy needs a CUDA device (an 8B model): allowed here are tiny, tiny-dummy, "
+            "synthetic (or --cpu-smoke)"
+        )
     parse_modes = [m for m in args.modes if m in PARSE_MODES]
-    args.all_L = sorted(set(args.steps if "parse_lossless" in parse_modes else [])
-                        | set(args.judge_steps if set(parse_modes) & set(JUDGE_MODES) else []) | {1})
+    args.all_L = sorted(
+        set(args.steps if "parse_lossless" in parse_modes else [])
+        | set(args.judge_steps if set(parse_modes) & set(JUDGE_MODES) else [])
+        | {1}
+    )
     return args
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
     if not args.cuda:
-        import parse_sglang.cpu
+        import sglang_cpu
 
-        parse_sglang.cpu.enable()
+        sglang_cpu.enable()
 
     def progress(line: str) -> None:
         print(f"[gpu_serving {time.strftime('%H:%M:%S')}] {line}", file=sys.stderr, flush=True)
@@ -844,13 +1022,18 @@ def main(argv=None) -> int:
     for row in rows:
         row["device"] = device
     backends = f"{args.attention_backend} attention, {args.sampling_backend} sampling" if args.cuda else "torch_native"
-    title = (f"gpu_serving on {device} ({backends}; SGLang {sglang.__version__}, torch {torch.__version__})"
-             f"{' smoke run, tiny random models: not a speed claim' if args.cpu_smoke else ''}: context "
-             f"{args.context}, {args.max_new_tokens} new tokens, steps {args.steps}, judge steps {args.judge_steps}, "
-             f"STANDALONE {args.standalone_steps}, Δ={args.probe_stride}, λ={args.likelihood_threshold:g}"
-             f"{', graphs off' if args.no_graphs else ''}")
-    path = args.plot or (str(Path(tempfile.mkdtemp(prefix="gpu_serving_")) / "gpu_serving.png") if args.cpu_smoke
-                         else str(HERE / "gpu_serving.png"))
+    title = (
+        f"gpu_serving on {device} ({backends}; SGLang {sglang.__version__}, torch {torch.__version__})"
+        f"{' smoke run, tiny random models: not a speed claim' if args.cpu_smoke else ''}: context "
+        f"{args.context}, {args.max_new_tokens} new tokens, steps {args.steps}, judge steps {args.judge_steps}, "
+        f"STANDALONE {args.standalone_steps}, Δ={args.probe_stride}, λ={args.likelihood_threshold:g}"
+        f"{', graphs off' if args.no_graphs else ''}"
+    )
+    path = args.plot or (
+        str(Path(tempfile.mkdtemp(prefix="gpu_serving_")) / "gpu_serving.png")
+        if args.cpu_smoke
+        else str(HERE / "gpu_serving.png")
+    )
     plot(rows, path, title)
     if args.json:
         for row in rows:

@@ -51,9 +51,9 @@ def main() -> None:
     parser.add_argument("--suffix", type=int, default=23, help="m, judge-suffix tokens (SmolLM2: 23)")
     args = parser.parse_args()
 
-    import parse_sglang.cpu
+    import sglang_cpu
 
-    parse_sglang.cpu.enable()  # the window planner builds SGLang's verify input
+    sglang_cpu.enable()  # the window planner builds SGLang's verify input
     from parse_sglang.settings import ParseConfig
     from parse_sglang.window_plan import RequestPolicy
     from support.offline_round import OfflineRound
@@ -64,7 +64,9 @@ def main() -> None:
     bounds = [args.stride * (k + 1) for k in range(probes)]
     tokenizer = build_tokenizer(tempfile.mkdtemp())
     drafts_host = torch.randint(0, len(tokenizer), (args.batch, args.draft))
-    policy = RequestPolicy(ParseConfig(draft_budget=args.draft, probe_stride=args.stride), args.draft, True, frozenset())
+    policy = RequestPolicy(
+        ParseConfig(draft_budget=args.draft, probe_stride=args.stride), args.draft, True, frozenset()
+    )
 
     def host_built(context):
         reqs = [VerifyRequest(context, 0, row, bounds, [0] * args.suffix) for row in drafts_host.tolist()]
@@ -85,7 +87,9 @@ def main() -> None:
         return traffic
 
     print(f"batch {args.batch}, L={args.draft}, K={probes}, m={args.suffix}: N = {window} rows per request")
-    print(f"{'context':>8} | {'host-built ms':>13} {'host KiB':>9} | {'device-built ms':>15} {'host KiB':>9} {'to-device KiB':>13} {'device KiB':>11}")
+    print(
+        f"{'context':>8} | {'host-built ms':>13} {'host KiB':>9} | {'device-built ms':>15} {'host KiB':>9} {'to-device KiB':>13} {'device KiB':>11}"
+    )
     for context in CONTEXTS:
         old = counted(host_built(context))
         new = counted(device_built(context, "meta"))

@@ -37,8 +37,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the checkout's `support` package
-from parse_sglang.cpu import engine_settings  # noqa: E402
-from parse_sglang.demo import parse_engine_kwargs  # noqa: E402
+from sglang_cpu import engine_settings  # noqa: E402
+from parse_sglang.settings import parse_engine_kwargs  # noqa: E402
 from parse_sglang.settings import ParseConfig  # noqa: E402
 
 PROBE_DIR = ROOT / "support" / "round_probe"
@@ -126,8 +126,11 @@ def main() -> None:
     judge = parser.add_mutually_exclusive_group()
     judge.add_argument("--threshold", type=float, default=ParseConfig.threshold, help="τ")
     judge.add_argument("--lossless", action="store_true", help="judge off")
-    parser.add_argument("--parse-config", default="{}",
-                        help='more PARSE settings as JSON, e.g. \'{"adaptive": true}\' (a useless draft then runs tier 0)')
+    parser.add_argument(
+        "--parse-config",
+        default="{}",
+        help="more PARSE settings as JSON, e.g. '{\"adaptive\": true}' (a useless draft then runs tier 0)",
+    )
     parser.add_argument("--prompt", default="Explain in a few sentences why the sky is blue.")
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--batch", type=int, nargs="+", default=[1], help="concurrent copies of the prompt")
@@ -148,7 +151,11 @@ def main() -> None:
     except (ValueError, TypeError) as err:
         parser.error(f"--parse-config={args.parse_config!r} is invalid: {err}")
     common = dict(engine_settings(), model_path=args.target, log_level="error", max_running_requests=max(args.batch))
-    from parse_sglang.settings import judge_probe_for, max_probes, verify_window_max  # imports SGLang: after the CPU runtime
+    from parse_sglang.settings import (
+        judge_probe_for,
+        max_probes,
+        verify_window_max,
+    )  # imports SGLang: after the CPU runtime
 
     suffix_len = len(judge_probe_for(args.target, config.judge_question).suffix_ids) if config.judge else 0
     if common.get("device") == "cpu":

@@ -41,13 +41,22 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout's `support` package
-from parse_sglang.demo import DEFAULT_PROMPTS, chat_prompt_ids, engine_kwargs, parse_engine_kwargs, table, target_forwards  # noqa: E402
+from parse_sglang.demo import DEFAULT_PROMPTS, chat_prompt_ids, engine_kwargs, table, target_forwards  # noqa: E402
+from parse_sglang.settings import parse_engine_kwargs  # noqa: E402
 from parse_sglang.settings import ParseConfig  # noqa: E402
 
 PROBE_THRESHOLDS = (0.3, 0.5, 0.7, 0.9)
 LIKELIHOOD_THRESHOLDS = (0.05, 0.2, 0.5)
-KEYS = ("mode", "threshold", "accuracy", "tokens_per_target_forward", "judged_share", "verify_rows_per_round",
-        "wall_s", "target_nll")
+KEYS = (
+    "mode",
+    "threshold",
+    "accuracy",
+    "tokens_per_target_forward",
+    "judged_share",
+    "verify_rows_per_round",
+    "wall_s",
+    "target_nll",
+)
 
 
 @dataclasses.dataclass
@@ -68,8 +77,13 @@ def synthetic_workload(num_problems: int, cache_dir=None) -> Workload:
     target, draft = synthetic.build(cache_dir, log=lambda line: print(line, file=sys.stderr, flush=True))
     items = synthetic.problems(synthetic.TEST_SEED, num_problems)
     enc = synthetic.Encoder(AutoTokenizer.from_pretrained(target))
-    return Workload(str(target), str(draft), [p.prompt for p in items], [enc.prompt_ids(p) for p in items],
-                    lambda i, text: synthetic.grade(items[i], text))
+    return Workload(
+        str(target),
+        str(draft),
+        [p.prompt for p in items],
+        [enc.prompt_ids(p) for p in items],
+        lambda i, text: synthetic.grade(items[i], text),
+    )
 
 
 def user_workload(target: str, draft: str, prompts: list[str], grader: str | None) -> Workload:
@@ -98,8 +112,9 @@ def parse_rows() -> list[tuple[str, float | None, dict]]:
     """(mode, threshold, per-request PARSE settings) of every PARSE row."""
     rows = [("parse_lossless", None, {"judge": False})]
     rows += [("parse_probe", t, {"judge_mode": "probe", "threshold": t}) for t in PROBE_THRESHOLDS]
-    rows += [("parse_likelihood", t, {"judge_mode": "likelihood", "likelihood_threshold": t})
-             for t in LIKELIHOOD_THRESHOLDS]
+    rows += [
+        ("parse_likelihood", t, {"judge_mode": "likelihood", "likelihood_threshold": t}) for t in LIKELIHOOD_THRESHOLDS
+    ]
     return rows
 
 
@@ -125,10 +140,14 @@ def summarize(mode: str, threshold, work: Workload, outs: list[dict], wall: floa
     accuracy = None if work.grader is None else sum(work.grader(i, o["text"]) for i, o in enumerate(outs)) / len(outs)
     rounds = added.get("rounds", 0)
     return {
-        "mode": mode, "threshold": threshold, "accuracy": accuracy,
-        "tokens_per_target_forward": tokens / forwards, "judged_share": judged / max(tokens, 1),
+        "mode": mode,
+        "threshold": threshold,
+        "accuracy": accuracy,
+        "tokens_per_target_forward": tokens / forwards,
+        "judged_share": judged / max(tokens, 1),
         "verify_rows_per_round": added["verify_rows"] / rounds if rounds else None,
-        "wall_s": wall, "output_ids": [o["output_ids"] for o in outs],
+        "wall_s": wall,
+        "output_ids": [o["output_ids"] for o in outs],
     }
 
 
@@ -144,13 +163,23 @@ def run_rows(work: Workload, config: ParseConfig, max_new_tokens: int, progress=
         base["max_total_tokens"] = 32768
     sampling = {"temperature": temperature, "top_p": top_p, "max_new_tokens": max_new_tokens}
     L = config.draft_budget
-    standalone = dict(speculative_algorithm="STANDALONE", speculative_draft_model_path=work.draft,
-                      speculative_num_steps=L, speculative_eagle_topk=1, speculative_num_draft_tokens=L + 1,
-                      disable_radix_cache=True)
-    plan = [("target_only", base, [("target_only", None, sampling)]),
-            ("standalone", {**base, **standalone}, [("standalone", None, sampling)]),
-            ("parse", {**base, **parse_engine_kwargs(work.draft, config)},
-             [(mode, t, {**sampling, "custom_params": {"parse": settings}}) for mode, t, settings in parse_rows()])]
+    standalone = dict(
+        speculative_algorithm="STANDALONE",
+        speculative_draft_model_path=work.draft,
+        speculative_num_steps=L,
+        speculative_eagle_topk=1,
+        speculative_num_draft_tokens=L + 1,
+        disable_radix_cache=True,
+    )
+    plan = [
+        ("target_only", base, [("target_only", None, sampling)]),
+        ("standalone", {**base, **standalone}, [("standalone", None, sampling)]),
+        (
+            "parse",
+            {**base, **parse_engine_kwargs(work.draft, config)},
+            [(mode, t, {**sampling, "custom_params": {"parse": settings}}) for mode, t, settings in parse_rows()],
+        ),
+    ]
     rows = []
     for _, kwargs, batches in plan:
         engine = sglang.Engine(**kwargs)
@@ -179,8 +208,8 @@ def add_target_nll(rows: list[dict], work: Workload) -> None:
             prompt = work.prompt_ids[i]
             ids = torch.tensor([prompt + out])
             with torch.no_grad():
-                logits = model(input_ids=ids).logits[0, len(prompt) - 1:-1].float()
-            summed[key] = float(torch.nn.functional.cross_entropy(logits, ids[0, len(prompt):], reduction="sum"))
+                logits = model(input_ids=ids).logits[0, len(prompt) - 1 : -1].float()
+            summed[key] = float(torch.nn.functional.cross_entropy(logits, ids[0, len(prompt) :], reduction="sum"))
         return summed[key]
 
     for row in rows:
@@ -196,13 +225,16 @@ def plot(rows: list[dict], path: str, title: str) -> None:
     import matplotlib.pyplot as plt
 
     graded = rows[0]["accuracy"] is not None
-    key, label = ("accuracy", "answer accuracy") if graded else ("target_nll", "target NLL per output token (lower is better)")
+    key, label = (
+        ("accuracy", "answer accuracy") if graded else ("target_nll", "target NLL per output token (lower is better)")
+    )
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for row in rows:
         name = row["mode"] + ("" if row["threshold"] is None else f" {row['threshold']:g}")
         ax.scatter(row["tokens_per_target_forward"], row[key])
-        ax.annotate(name, (row["tokens_per_target_forward"], row[key]), fontsize=7, xytext=(3, 3),
-                    textcoords="offset points")
+        ax.annotate(
+            name, (row["tokens_per_target_forward"], row[key]), fontsize=7, xytext=(3, 3), textcoords="offset points"
+        )
     ax.set_xlabel("output tokens per target forward")
     ax.set_ylabel(label)
     ax.set_title(title, fontsize=9)
@@ -240,17 +272,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         if getattr(args, flag) < 1:
             parser.error(f"--{flag.replace('_', '-')}={getattr(args, flag)} is invalid: allowed is an integer >= 1")
     if args.temperature < 0 or not 0 < args.top_p <= 1:
-        parser.error(f"--temperature={args.temperature} / --top-p={args.top_p} are invalid: allowed are a "
-                     "temperature >= 0 and a top-p in (0, 1]")
+        parser.error(
+            f"--temperature={args.temperature} / --top-p={args.top_p} are invalid: allowed are a "
+            "temperature >= 0 and a top-p in (0, 1]"
+        )
     try:
         config = ParseConfig(draft_budget=args.num_steps, probe_stride=args.probe_stride)
     except ValueError as err:  # draft_budget is --num-steps, probe_stride --probe-stride
         parser.error(f"--num-steps / --probe-stride: {err}")
-    import parse_sglang.cpu
+    import sglang_cpu
     import torch
 
     if not torch.cuda.is_available():
-        parse_sglang.cpu.enable()
+        sglang_cpu.enable()
     if args.target:
         name, work = "user", user_workload(args.target, args.draft, read_prompts(args.prompts), args.grader)
     elif args.pair == "smollm2":
@@ -265,9 +299,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     with tqdm(total=2 + len(parse_rows()), desc="rows", file=sys.stderr) as progress:
         rows = run_rows(work, config, args.max_new_tokens, progress, args.temperature, args.top_p)
     add_target_nll(rows, work)
-    title = (f"{name}: {len(work.prompt_ids)} prompts, L={config.draft_budget}, Δ={config.probe_stride}"
-             + (f", temperature {args.temperature}, top-p {args.top_p}" if args.temperature else "")
-             + (" (synthetic stand-in, not evidence about large models)" if name == "synthetic" else ""))
+    title = (
+        f"{name}: {len(work.prompt_ids)} prompts, L={config.draft_budget}, Δ={config.probe_stride}"
+        + (f", temperature {args.temperature}, top-p {args.top_p}" if args.temperature else "")
+        + (" (synthetic stand-in, not evidence about large models)" if name == "synthetic" else "")
+    )
     path = args.plot or str(Path(__file__).with_name(f"semantic_{name}.png"))
     plot(rows, path, title)
     if args.json:

@@ -49,8 +49,10 @@ def main(argv=None) -> int:
         parser.error(f"--steps-scale={args.steps_scale} is invalid: allowed is a number in (0, 1]")
     import torch
 
-    print(f"torch {torch.__version__}, CPU capability {torch.backends.cpu.get_cpu_capability()}, "
-          f"steps scale {args.steps_scale}")
+    print(
+        f"torch {torch.__version__}, CPU capability {torch.backends.cpu.get_cpu_capability()}, "
+        f"steps scale {args.steps_scale}"
+    )
     for name, threads, env in ROWS:
         run = subprocess.run([sys.executable, "-c", CHILD, str(ROOT), str(args.steps_scale), str(threads)],
                              env={**os.environ, **env}, capture_output=True, text=True)  # fmt: skip

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout's `support` package
-from parse_sglang.cpu import engine_settings  # noqa: E402
+from sglang_cpu import engine_settings  # noqa: E402
 from parse_sglang.demo import chat_prompt_ids, target_forwards  # noqa: E402
 from support.tiny_models import build_pair  # noqa: E402
 
@@ -73,14 +73,18 @@ def run_mode(target: str, settings: dict, prompts: list[list[int]], max_new_toke
     tokens = sum(o["meta_info"]["completion_tokens"] for o in outputs)
     forwards = sum(target_forwards(o["meta_info"]) for o in outputs)  # prefill + decode steps / verify passes
     judged = sum((o["meta_info"].get("parse") or {}).get("accepted_judged", 0) for o in outputs)
-    return dict(seconds=seconds, tokens=tokens, forwards=forwards, judged=judged, ids=[o["output_ids"] for o in outputs])
+    return dict(
+        seconds=seconds, tokens=tokens, forwards=forwards, judged=judged, ids=[o["output_ids"] for o in outputs]
+    )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--target")
     parser.add_argument("--draft")
-    parser.add_argument("--tiny", action="store_true", help="use a tiny random pair (plumbing check, not a speed claim)")
+    parser.add_argument(
+        "--tiny", action="store_true", help="use a tiny random pair (plumbing check, not a speed claim)"
+    )
     parser.add_argument("--steps", type=int, default=8, help="draft tokens per round (L) for STANDALONE and PARSE")
     parser.add_argument("--threshold", type=float, default=0.5)
     parser.add_argument("--max-new-tokens", type=int, default=64)
@@ -106,17 +110,23 @@ def main() -> None:
         for name, settings in modes(args.draft, args.steps, args.threshold).items()
     }
     base = results["target-only"]
-    print(f"target={args.target} draft={args.draft} L={args.steps} prompts={len(PROMPTS)} chat={args.chat} "
-          f"max_new_tokens={args.max_new_tokens} settings={json.dumps(common)}")
-    print("| mode | output tokens | target forwards | tokens / target forward | judged tokens | wall s | throughput vs target-only | outputs == target-only |")
+    print(
+        f"target={args.target} draft={args.draft} L={args.steps} prompts={len(PROMPTS)} chat={args.chat} "
+        f"max_new_tokens={args.max_new_tokens} settings={json.dumps(common)}"
+    )
+    print(
+        "| mode | output tokens | target forwards | tokens / target forward | judged tokens | wall s | throughput vs target-only | outputs == target-only |"
+    )
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     rows = []
     for name, r in results.items():
         same = sum(a == b for a, b in zip(r["ids"], base["ids"]))
         speed = (r["tokens"] / r["seconds"]) / (base["tokens"] / base["seconds"])
         rows.append(dict(mode=name, **{k: v for k, v in r.items() if k != "ids"}, speedup=speed, same=same))
-        print(f"| {name} | {r['tokens']} | {r['forwards']} | {r['tokens'] / r['forwards']:.2f} | {r['judged']} | "
-              f"{r['seconds']:.1f} | {speed:.2f}x | {same}/{len(PROMPTS)} |")
+        print(
+            f"| {name} | {r['tokens']} | {r['forwards']} | {r['tokens'] / r['forwards']:.2f} | {r['judged']} | "
+            f"{r['seconds']:.1f} | {speed:.2f}x | {same}/{len(PROMPTS)} |"
+        )
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)

@@ -27,7 +27,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout's `support` package
 from parse_sglang.judge import build_judge_probe  # noqa: E402
-from parse_sglang.reference import _masked_forward, _window  # noqa: E402
+from support.reference import _masked_forward, _window  # noqa: E402
 from support.tiny_models import build_model  # noqa: E402
 
 
@@ -101,13 +101,19 @@ def main() -> None:
 
     results = [
         ("parse (1 pass)", 1, int(layout.window_lens[0]), _median_ms(parse_pass, args.repeats)),
-        (f"sequential ({len(bounds)} passes)", len(bounds), 1 + args.draft + len(bounds) * len(suffix),
-         _median_ms(sequential_passes, args.repeats)),
+        (
+            f"sequential ({len(bounds)} passes)",
+            len(bounds),
+            1 + args.draft + len(bounds) * len(suffix),
+            _median_ms(sequential_passes, args.repeats),
+        ),
         ("plain draft prefill", 1, 1 + args.draft, _median_ms(plain_prefill, args.repeats)),
     ]
     base = results[0][3]
-    print(f"model={args.target or 'tiny random llama (hidden 256, 4 layers)'} context={args.context} "
-          f"L={args.draft} K={len(bounds)} m={len(suffix)} threads={args.threads}")
+    print(
+        f"model={args.target or 'tiny random llama (hidden 256, 4 layers)'} context={args.context} "
+        f"L={args.draft} K={len(bounds)} m={len(suffix)} threads={args.threads}"
+    )
     print("| method | target forwards | rows | median ms | vs parse |")
     print("| --- | --- | --- | --- | --- |")
     for name, passes, nrows, ms in results:

@@ -8,7 +8,7 @@ All prompts go to the engine in one `generate` call, so SGLang batches them. Pri
 answer with its PARSE counters (`meta_info["parse"]`: rounds, draft tokens, tokens accepted
 by exact match and by the judge, verify passes), then what the engine reports for the whole
 run (`get_server_info()`; PARSE's totals are `internal_states[0]["parse"]`). Without CUDA
-the CPU runtime is enabled first (`parse_sglang.cpu.engine_settings()`) and the engine runs
+the CPU runtime is enabled first (`sglang_cpu.engine_settings()`) and the engine runs
 fp32 with torch-native attention.
 """
 
@@ -39,7 +39,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument(
-        "--max-total-tokens", type=int, default=None,
+        "--max-total-tokens",
+        type=int,
+        default=None,
         help=f"KV pool size in tokens (default: SGLang's sizing on GPU, {CPU_KV_TOKENS} on CPU)",
     )
     parser.add_argument("--chat", action="store_true", help="wrap each prompt in the target's chat template")
@@ -48,11 +50,11 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def engine_kwargs(args: argparse.Namespace) -> dict:
     """PARSE settings, plus the CPU runtime's settings where there is no CUDA device."""
-    import parse_sglang.cpu
+    import sglang_cpu
 
     # Without CUDA: enables the CPU runtime (before SGLang's runtime modules are imported)
     # and returns fp32, torch-native attention, no CUDA graphs; {} on a GPU machine.
-    cpu_settings = parse_sglang.cpu.engine_settings()
+    cpu_settings = sglang_cpu.engine_settings()
     max_total_tokens = args.max_total_tokens
     if cpu_settings and max_total_tokens is None:
         max_total_tokens = CPU_KV_TOKENS

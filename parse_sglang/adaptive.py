@@ -146,8 +146,11 @@ class CostTable:
         """Tiers whose draft cost in this bucket rests on at least EXPLORE_SAMPLES rounds (all
         of a loaded table's)."""
         b = bucket(batch_size)
-        return {L for (bb, L) in self.draft if bb == b and (
-            self.fixed or len(self._samples.get((id(self.draft), (bb, L)), ())) > EXPLORE_SAMPLES)}
+        return {
+            L
+            for (bb, L) in self.draft
+            if bb == b and (self.fixed or len(self._samples.get((id(self.draft), (bb, L)), ())) > EXPLORE_SAMPLES)
+        }
 
     def explored(self) -> bool:
         """Some bucket has two measured tiers (every bucket can then borrow its costs)."""
@@ -294,8 +297,12 @@ class AdaptiveDraftLength:
         """The controller of an adaptive server's `ParseConfig`: its tiers, and its cost table
         (loaded from `cost_table`, else measured online), logged."""
         costs = CostTable.load(config.cost_table) if config.cost_table else CostTable()
-        logger.info("PARSE adaptive draft length, tiers %s; costs %s:\n%s", list(config.tiers),
-                    "loaded from " + config.cost_table if costs.fixed else "measured online", costs.describe())
+        logger.info(
+            "PARSE adaptive draft length, tiers %s; costs %s:\n%s",
+            list(config.tiers),
+            "loaded from " + config.cost_table if costs.fixed else "measured online",
+            costs.describe(),
+        )
         return cls(config.tiers, costs)
 
     def acceptance(self, req) -> Acceptance:

@@ -66,7 +66,13 @@ PROBE_SCORES = "probe_scores"
 
 
 def record_round(
-    req, draft_length: int, draft_tokens: int, exact: int, judged: int, judge_probes: int, probe_round: Optional[dict],
+    req,
+    draft_length: int,
+    draft_tokens: int,
+    exact: int,
+    judged: int,
+    judge_probes: int,
+    probe_round: Optional[dict],
     rounds: int = 1,
 ) -> bool:
     """Count `rounds` identical rounds of `req` (more than one: a tier-0 round's decode steps)

@@ -13,7 +13,7 @@ with the probe judge (τ), then with the likelihood judge (λ, per-request
 PARSE's counters and its judge scores; then a summary: tokens per target forward and wall
 time per engine. With --lossless (judge off) it exits 1 if PARSE's answers differ from the
 target's.
-On a machine without CUDA the CPU runtime is enabled first (parse_sglang.cpu) and both
+On a machine without CUDA the CPU runtime (cpu_runtime/, `sglang_cpu`) is enabled first and both
 engines run fp32 with torch-native attention.
 """
 
@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from parse_sglang.settings import ParseConfig
+from parse_sglang.settings import ParseConfig, parse_engine_kwargs
 
 DEFAULT_PROMPTS = (
     "What is 12 times 7?",
@@ -43,38 +43,26 @@ DEFAULT_LIKELIHOOD_THRESHOLD = 0.05
 
 def engine_kwargs(model_path, cuda: bool) -> dict:
     """`sglang.Engine` settings for the target: on CUDA SGLang's defaults in bf16 (the converted
-    SmolLM2 is stored fp32, which SGLang's dtype "auto" would run in fp16); on CPU the runtime of
-    DESIGN.md §3 (parse_sglang.cpu.engine_settings()) with a KV pool sized for a demo."""
+    SmolLM2 is stored fp32, which SGLang's dtype "auto" would run in fp16); on CPU the CPU
+    runtime's settings (docs/cpu-runtime.md) with a KV pool sized for a demo."""
     kwargs = dict(model_path=str(model_path), log_level="error")
     if cuda:
         kwargs["dtype"] = "bfloat16"
     else:
-        from parse_sglang.cpu import engine_settings
+        from parse_sglang import cpu_engine_settings
 
-        kwargs.update(engine_settings(), max_total_tokens=8192, mem_fraction_static=0.5, max_running_requests=8)
+        kwargs.update(cpu_engine_settings(), max_total_tokens=8192, mem_fraction_static=0.5, max_running_requests=8)
     return kwargs
-
-
-def parse_engine_kwargs(draft_path, config: ParseConfig) -> dict:
-    """The PARSE part of the engine settings: SGLang's speculative flags (L is
-    --speculative-num-steps) plus the `parse_config` keyword for the rest of `config`."""
-    return dict(
-        speculative_algorithm="PARSE",
-        speculative_draft_model_path=str(draft_path),
-        speculative_num_steps=config.draft_budget,
-        parse_config={
-            name: value
-            for name, value in config.to_dict().items()
-            if name != "draft_budget" and value != getattr(ParseConfig, name)
-        },
-    )
 
 
 def chat_prompt_ids(tokenizer, questions: Sequence[str]) -> list[list[int]]:
     """Each question as a one-turn chat, with the assistant turn opened (token ids)."""
     return [
-        list(tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,
-                                           tokenize=True, return_dict=False))
+        list(
+            tokenizer.apply_chat_template(
+                [{"role": "user", "content": q}], add_generation_prompt=True, tokenize=True, return_dict=False
+            )
+        )
         for q in questions
     ]
 
@@ -105,8 +93,9 @@ class EngineRun:
         return sum(target_forwards(out["meta_info"]) for out in self.outputs)
 
 
-def run_engine(name: str, kwargs: dict, prompt_ids: list[list[int]], sampling: dict,
-               variants: dict[str, dict] | None = None) -> list[EngineRun]:
+def run_engine(
+    name: str, kwargs: dict, prompt_ids: list[list[int]], sampling: dict, variants: dict[str, dict] | None = None
+) -> list[EngineRun]:
     """Start an engine, warm it up, generate each prompt alone (batch 1, timed) with `sampling`
     and then with each of `variants` (name -> sampling params, e.g. other per-request PARSE
     settings on the same engine), shut it down. One EngineRun per sampling, in that order."""
@@ -148,8 +137,10 @@ def judge_summary(scores: Sequence[float], threshold: float) -> str:
     if not scores:
         return "no judge probes (judge off, or every draft matched exactly)"
     above = sum(score >= threshold for score in scores)
-    return (f"{len(scores)} judge probes, score mean {sum(scores) / len(scores):.2f} "
-            f"(min {min(scores):.2f}, max {max(scores):.2f}), {above} at or above τ={threshold}")
+    return (
+        f"{len(scores)} judge probes, score mean {sum(scores) / len(scores):.2f} "
+        f"(min {min(scores):.2f}, max {max(scores):.2f}), {above} at or above τ={threshold}"
+    )
 
 
 def parse_totals(run: EngineRun) -> dict[str, int]:
@@ -164,8 +155,9 @@ def table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     return "\n".join([fmt(header), fmt(["-" * w for w in widths]), *map(fmt, rows)])
 
 
-def report(questions, target_run: EngineRun, parse_run: EngineRun, config: ParseConfig,
-           likelihood_run: EngineRun | None = None) -> str:
+def report(
+    questions, target_run: EngineRun, parse_run: EngineRun, config: ParseConfig, likelihood_run: EngineRun | None = None
+) -> str:
     """Per prompt the answers and PARSE's counters, then one table row per run. `likelihood_run`
     (the same PARSE engine with judge_mode "likelihood") shows the judge that works with any
     model accepting tokens where SmolLM2's own probe judge never fires."""
@@ -181,7 +173,11 @@ def report(questions, target_run: EngineRun, parse_run: EngineRun, config: Parse
             f"--- PARSE ({'identical to target-only' if identical else 'differs from target-only'}):\n"
             f"{spec['text'].strip()}",
             f"--- PARSE stats: {parse_counters(spec['meta_info'])}",
-            *([f"--- judge: {judge_summary(probe_scores(spec['meta_info']), config.threshold)}"] if config.judge else []),
+            *(
+                [f"--- judge: {judge_summary(probe_scores(spec['meta_info']), config.threshold)}"]
+                if config.judge
+                else []
+            ),
         ]
         if likelihood_run is not None:
             other = likelihood_run.outputs[i]
@@ -194,10 +190,17 @@ def report(questions, target_run: EngineRun, parse_run: EngineRun, config: Parse
         lines.append("")
     rows = []
     for run in (target_run, parse_run, *([likelihood_run] if likelihood_run else [])):
-        rows.append([
-            run.name, str(run.tokens), str(run.target_forwards), f"{run.tokens / run.target_forwards:.2f}",
-            f"{run.wall_s:.1f}", f"{run.tokens / run.wall_s:.1f}", f"{run.startup_s:.0f}",
-        ])
+        rows.append(
+            [
+                run.name,
+                str(run.tokens),
+                str(run.target_forwards),
+                f"{run.tokens / run.target_forwards:.2f}",
+                f"{run.wall_s:.1f}",
+                f"{run.tokens / run.wall_s:.1f}",
+                f"{run.startup_s:.0f}",
+            ]
+        )
     lines += [
         table(["engine", "tokens", "target fwd", "tokens/fwd", "wall s", "tokens/s", "startup s"], rows),
         f"PARSE wall time / target-only: {parse_run.wall_s / target_run.wall_s:.2f}; "
@@ -213,8 +216,12 @@ def report(questions, target_run: EngineRun, parse_run: EngineRun, config: Parse
                 f"and {totals['accepted_judged']} more because the judge said yes"
             )
     if config.judge:
-        lines.append("judge over all prompts: " + judge_summary(
-            [score for out in parse_run.outputs for score in probe_scores(out["meta_info"])], config.threshold))
+        lines.append(
+            "judge over all prompts: "
+            + judge_summary(
+                [score for out in parse_run.outputs for score in probe_scores(out["meta_info"])], config.threshold
+            )
+        )
     if not config.judge and same != len(questions):  # main() exits 1
         lines.append("WARNING: lossless mode (judge off) must reproduce target-only greedy output, and did not")
     return "\n".join(lines)
@@ -228,22 +235,32 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--threshold", type=float, default=ParseConfig.threshold, help="judge threshold τ")
     parser.add_argument("--lossless", action="store_true", help="judge off: PARSE output must equal target-only")
-    parser.add_argument("--likelihood-threshold", type=float, default=DEFAULT_LIKELIHOOD_THRESHOLD,
-                        help="λ of the likelihood judge, run on the same PARSE engine after the probe judge "
-                             "(--no-likelihood skips it)")
+    parser.add_argument(
+        "--likelihood-threshold",
+        type=float,
+        default=DEFAULT_LIKELIHOOD_THRESHOLD,
+        help="λ of the likelihood judge, run on the same PARSE engine after the probe judge (--no-likelihood skips it)",
+    )
     parser.add_argument("--no-likelihood", action="store_true", help="skip the likelihood-judge run")
     parser.add_argument("--num-steps", type=int, default=DEFAULT_NUM_STEPS, help="draft tokens per round (L)")
     parser.add_argument("--probe-stride", type=int, default=DEFAULT_PROBE_STRIDE, help="a probe every ~Δ draft tokens")
-    parser.add_argument("--cache-dir", help="where the converted SmolLM2 models live (default: $PARSE_SGLANG_CACHE "
-                                            "or ~/.cache/parse-sglang)")
+    parser.add_argument(
+        "--cache-dir",
+        help="where the converted SmolLM2 models live (default: $PARSE_SGLANG_CACHE or ~/.cache/parse-sglang)",
+    )
     args = parser.parse_args(argv)
     if (args.target is None) != (args.draft is None):
         parser.error("--target and --draft go together (give both, or neither for SmolLM2 and its draft)")
     if args.max_new_tokens < 1:
         parser.error(f"--max-new-tokens={args.max_new_tokens} is invalid: allowed is an integer >= 1")
     try:
-        config = ParseConfig(draft_budget=args.num_steps, probe_stride=args.probe_stride, threshold=args.threshold,
-                             judge=not args.lossless, likelihood_threshold=args.likelihood_threshold)
+        config = ParseConfig(
+            draft_budget=args.num_steps,
+            probe_stride=args.probe_stride,
+            threshold=args.threshold,
+            judge=not args.lossless,
+            likelihood_threshold=args.likelihood_threshold,
+        )
     except ValueError as err:
         parser.error(str(err))
 
@@ -269,21 +286,34 @@ def main(argv: Sequence[str] | None = None) -> int:
     prompt_ids = chat_prompt_ids(tokenizer, args.prompts)
     sampling = {"max_new_tokens": args.max_new_tokens, "temperature": 0.0}
     judge = "off (lossless)" if args.lossless else f"on, τ={args.threshold}, probe every ~{args.probe_stride} tokens"
-    print(f"target: {target}\ndraft:  {draft}\n        {draft_note}\n"
-          f"PARSE: L={args.num_steps} draft tokens per round, judge {judge}; greedy, max {args.max_new_tokens} "
-          f"new tokens; device {'cuda' if cuda else 'cpu (fp32, torch-native attention)'}\n", flush=True)
+    print(
+        f"target: {target}\ndraft:  {draft}\n        {draft_note}\n"
+        f"PARSE: L={args.num_steps} draft tokens per round, judge {judge}; greedy, max {args.max_new_tokens} "
+        f"new tokens; device {'cuda' if cuda else 'cpu (fp32, torch-native attention)'}\n",
+        flush=True,
+    )
 
     base = engine_kwargs(target, cuda)
     (target_run,) = run_engine("target only", base, prompt_ids, sampling)
     parse_sampling = {**sampling, "custom_params": {"parse": {"return_probe_scores": True}}}
     likelihood_name = f"PARSE likelihood λ={config.likelihood_threshold:g}"
-    variants = {} if args.lossless or args.no_likelihood else {likelihood_name: {
-        **sampling, "custom_params": {"parse": {"judge_mode": "likelihood", "return_probe_scores": True}}}}
-    parse_run, *likelihood = run_engine("PARSE", {**base, **parse_engine_kwargs(draft, config)}, prompt_ids,
-                                        parse_sampling, variants)
+    variants = (
+        {}
+        if args.lossless or args.no_likelihood
+        else {
+            likelihood_name: {
+                **sampling,
+                "custom_params": {"parse": {"judge_mode": "likelihood", "return_probe_scores": True}},
+            }
+        }
+    )
+    parse_run, *likelihood = run_engine(
+        "PARSE", {**base, **parse_engine_kwargs(draft, config)}, prompt_ids, parse_sampling, variants
+    )
     print(report(args.prompts, target_run, parse_run, config, *likelihood))
     lossless_broken = not config.judge and any(
-        base["output_ids"] != spec["output_ids"] for base, spec in zip(target_run.outputs, parse_run.outputs))
+        base["output_ids"] != spec["output_ids"] for base, spec in zip(target_run.outputs, parse_run.outputs)
+    )
     return 1 if lossless_broken else 0
 
 

@@ -99,8 +99,7 @@ def _suffix_text(tokenizer, question: str) -> str:
         )
     if question.strip() not in suffix:
         raise ValueError(
-            f"chat template dropped the judge question {question!r}: the text after the "
-            f"response is {suffix!r}"
+            f"chat template dropped the judge question {question!r}: the text after the response is {suffix!r}"
         )
     return suffix
 
@@ -135,21 +134,15 @@ def build_judge_probe(
     yes, no = _first_answer_ids(tokenizer, yes_word), _first_answer_ids(tokenizer, no_word)
     for word, ids in ((yes_word, yes), (no_word, no)):
         if not ids:
-            raise ValueError(
-                f"judge answer word {word!r} has no spelling whose first token is not whitespace"
-            )
+            raise ValueError(f"judge answer word {word!r} has no spelling whose first token is not whitespace")
     shared = sorted(yes.keys() & no.keys())
     if shared:
-        pairs = ", ".join(
-            f"{yes[i]!r} / {no[i]!r} -> token {i} {tokenizer.decode([i])!r}" for i in shared
-        )
+        pairs = ", ".join(f"{yes[i]!r} / {no[i]!r} -> token {i} {tokenizer.decode([i])!r}" for i in shared)
         raise ValueError(
             f"judge answer words yes_word={yes_word!r} and no_word={no_word!r} collide: "
             f"they start with the same token ({pairs}); choose words whose first tokens differ"
         )
-    return JudgeProbe(
-        suffix_ids=suffix_ids, yes_ids=tuple(yes), no_ids=tuple(no), question=question
-    )
+    return JudgeProbe(suffix_ids=suffix_ids, yes_ids=tuple(yes), no_ids=tuple(no), question=question)
 
 
 def score_from_answer_logits(answer_logits: torch.Tensor, probe: JudgeProbe) -> torch.Tensor:
@@ -166,9 +159,7 @@ def score_from_answer_logits(answer_logits: torch.Tensor, probe: JudgeProbe) -> 
         )
     logits = answer_logits.float()
     n_yes = len(probe.yes_ids)
-    margin = torch.logsumexp(logits[..., :n_yes], dim=-1) - torch.logsumexp(
-        logits[..., n_yes:], dim=-1
-    )
+    margin = torch.logsumexp(logits[..., :n_yes], dim=-1) - torch.logsumexp(logits[..., n_yes:], dim=-1)
     return torch.sigmoid(margin)
 
 
@@ -242,8 +233,13 @@ class Verdict:
     passed: torch.Tensor  # bool, the prefix ending at b_k passes its request's judge
 
 
-def judge_window(window, chain_logits: torch.Tensor, probe_logits: torch.Tensor, probe: Optional[JudgeProbe],
-                 columns: Optional[torch.Tensor]) -> Verdict:
+def judge_window(
+    window,
+    chain_logits: torch.Tensor,
+    probe_logits: torch.Tensor,
+    probe: Optional[JudgeProbe],
+    columns: Optional[torch.Tensor],
+) -> Verdict:
     """A round's verdict: chain_logits [bs, L+1, V], probe_logits [bs, K, V] of its verify pass;
     `window` is the round's `window_plan.Window`; columns: `answer_columns(probe)`. The
     likelihood is computed only when a request of the batch asks for it (a host-known fact)."""

@@ -1,5 +1,5 @@
 """Several per-request tensors as ONE int32 tensor, so that a round moves its plan to the
-device and its result back in one copy each (DESIGN.md §9), and a tensor-parallel server
+device and its result back in one copy each (docs/gpu.md §9), and a tensor-parallel server
 broadcasts each in one collective.
 
 Fields are [bs, width] (or [bs]) int, bool or float32 tensors; floats travel as their bits

@@ -2,16 +2,14 @@
 
 SGLang's `load_plugins()` calls `register()` in every process it starts (launch_server /
 Engine, scheduler, detokenizer) and then applies the HookRegistry hooks, so whatever is
-installed here exists everywhere. It does not enable the CPU runtime (that is
-`parse_sglang.cpu.enable()`, or `python -m parse_sglang.launch_server`). The patches it
-installs add capabilities, and one change for every server: requests that would kill a
-scheduler are refused with a 400 (`scheduler_patches/request_validation.py`).
+installed here exists everywhere. The CPU runtime is another distribution with its own entry
+point (cpu_runtime/, `sglang_cpu`); the plug-in never imports it. The patches it installs add
+capabilities, and one change for every server: requests that would kill a scheduler are
+refused with a 400 (`scheduler_patches/request_validation.py`).
 
 Each module in `INSTALLERS` (to add one, append it) has `HOOKED_SIGNATURES` (dotted SGLang
 name -> the `inspect.signature` string it was written against) and `install() -> str`
-(idempotent, returns a line saying what it installed). The CPU runtime's own patches (torch
-versions of what SGLang's GPU path runs: `parse_sglang.cpu.patches()`) are installed the same
-way, only in processes where that runtime is on: never on a GPU server.
+(idempotent, returns a line saying what it installed).
 
 Some SGLang tools resolve server arguments before they call `load_plugins()`
 (`python -m sglang.benchmark.offline_throughput`). For them the start-up hook
@@ -84,10 +82,7 @@ def register() -> list[str]:
         return _installed
     from sglang.srt.plugins.hook_registry import HookRegistry
 
-    from parse_sglang import cpu
-
-    wanted = INSTALLERS + cpu.patches()
-    modules = [importlib.import_module(name) for name in wanted]
+    modules = [importlib.import_module(name) for name in INSTALLERS]
     for module in modules:
         check_signatures(module.HOOKED_SIGNATURES)
     installed = [module.install() for module in modules]

@@ -15,7 +15,7 @@ measured by several engines: the last). Then
     --parse-config '{"adaptive": true, "cost_table": "costs.json"}'
 
 makes a server use it, fixed (its choices then depend only on the acceptance it sees). On a
-machine without CUDA the CPU runtime is turned on (parse_sglang.cpu); `--engine-arg` passes any
+machine without CUDA the CPU runtime is turned on (cpu_runtime/, `sglang_cpu`); `--engine-arg` passes any
 other `sglang.Engine` keyword (value parsed as JSON where it parses).
 """
 
@@ -47,7 +47,7 @@ def profile(engine_kwargs: dict, config: ParseConfig, batches: Sequence[int], ma
     """The merged table of one adaptive engine per tier (module docstring)."""
     import sglang
 
-    from parse_sglang.demo import parse_engine_kwargs
+    from parse_sglang.settings import parse_engine_kwargs
 
     merged = CostTable()
     sampling = {"temperature": 0.0, "max_new_tokens": max_new_tokens, "ignore_eos": True}
@@ -96,19 +96,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"--num-steps / --tiers / --parse-config: {err}")
     import torch
 
-    from parse_sglang import cpu
+    from parse_sglang import cpu_engine_settings
 
     engine = dict(model_path=args.model_path, speculative_draft_model_path=args.draft_model_path, log_level="error",
                   max_running_requests=max(args.batch))  # fmt: skip
     if not torch.cuda.is_available():
-        engine.update(cpu.engine_settings(), max_total_tokens=max(16384, 4 * max(args.batch) * 512))
+        engine.update(cpu_engine_settings(), max_total_tokens=max(16384, 4 * max(args.batch) * 512))
     engine.update(dict(args.engine_arg))
     table = profile(engine, config, args.batch, args.max_new_tokens)
     print(table.describe())
     if args.out:
         with open(args.out, "w") as f:
             json.dump(table.to_json(), f, indent=1)
-        print(f"written: {args.out} (use it with --parse-config '{{\"adaptive\": true, \"cost_table\": \"{args.out}\"}}')")
+        print(f'written: {args.out} (use it with --parse-config \'{{"adaptive": true, "cost_table": "{args.out}"}}\')')
     else:
         print(json.dumps(table.to_json()))
     return 0

@@ -109,8 +109,10 @@ class ParseConfig:
         if not isinstance(self.adaptive, bool):
             raise ValueError(f"adaptive={self.adaptive!r} is invalid: allowed is true or false")
         tiers = self.adaptive_tiers
-        if isinstance(tiers, (str, bytes)) or not isinstance(tiers, (list, tuple)) or not all(
-            isinstance(t, int) and not isinstance(t, bool) and 0 <= t <= 1024 for t in tiers
+        if (
+            isinstance(tiers, (str, bytes))
+            or not isinstance(tiers, (list, tuple))
+            or not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t <= 1024 for t in tiers)
         ):
             raise ValueError(f"adaptive_tiers={tiers!r} is invalid: allowed is a list of integers in [0, 1024]")
         object.__setattr__(self, "adaptive_tiers", tuple(sorted(set(tiers))))
@@ -196,13 +198,31 @@ def _as_mapping(raw: Any, where: str) -> Mapping[str, Any]:
     return raw
 
 
+_server_configs: dict = {}  # (settings as JSON, L) -> ParseConfig: parsed once per process
+
+
 def server_parse_config(server_args, num_steps: Optional[int]) -> ParseConfig:
     """The server's ParseConfig from `server_args._parse_config` and `num_steps`.
 
     num_steps: `--speculative-num-steps` (None when not given); it is L, so a PARSE
     config naming a different draft_budget is refused rather than silently overridden.
+    Parsed once per process for each settings and L: start-up, the worker, the graph capture
+    and every request's settings ask for it (a refusal is raised again each time).
     """
     raw = getattr(server_args, "_parse_config", None)
+    try:
+        key = (raw if raw is None or isinstance(raw, str) else json.dumps(raw, sort_keys=True), num_steps)
+    except TypeError:  # not JSON-able: refused below by name, never cached
+        key = None
+    if key not in _server_configs:
+        config = _parse_server_config(raw, num_steps)
+        if key is None:
+            return config
+        _server_configs[key] = config
+    return _server_configs[key]
+
+
+def _parse_server_config(raw, num_steps: Optional[int]) -> ParseConfig:
     values = dict(_as_mapping(raw, "--parse-config")) if raw is not None else {}
     if num_steps is not None:
         budget = values.get("draft_budget", num_steps)
@@ -278,7 +298,7 @@ def request_parse_config(custom_params: Optional[Mapping[str, Any]], server: Par
     if config.uses_probe and not server.uses_probe:
         raise ValueError(
             f"{REQUEST_WHERE}: judge_mode={config.judge_mode!r} is invalid: the server's verify window has no "
-            f"probe rows (its judge_mode is {server.judge_mode!r}); allowed is \"likelihood\""
+            f'probe rows (its judge_mode is {server.judge_mode!r}); allowed is "likelihood"'
         )
     if config.uses_probe and config.probe_stride < server.probe_stride:
         raise ValueError(
@@ -334,3 +354,17 @@ def verify_window_max(config: ParseConfig, suffix_len: int) -> int:
     """N_max = 1 + L + K_max * m: verify rows one request may need in a round."""
     return fixed_window_shape(config, suffix_len).rows
 
+
+def parse_engine_kwargs(draft_path, config: ParseConfig) -> dict:
+    """The PARSE part of the engine settings: SGLang's speculative flags (L is
+    --speculative-num-steps) plus the `parse_config` keyword for the rest of `config`."""
+    return dict(
+        speculative_algorithm="PARSE",
+        speculative_draft_model_path=str(draft_path),
+        speculative_num_steps=config.draft_budget,
+        parse_config={
+            name: value
+            for name, value in config.to_dict().items()
+            if name != "draft_budget" and value != getattr(ParseConfig, name)
+        },
+    )

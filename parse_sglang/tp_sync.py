@@ -1,4 +1,4 @@
-"""Keeps the ranks of a tensor-parallel PARSE server in step (`--tp-size N`, DESIGN.md §7).
+"""Keeps the ranks of a tensor-parallel PARSE server in step (`--tp-size N`, docs/gpu.md §7).
 
 Every TP rank's scheduler runs the same round on the same batch, and the model's own
 collectives make the logits equal on every rank. What a rank decides on its own is not:

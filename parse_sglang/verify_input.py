@@ -172,7 +172,9 @@ class ParseVerifyInput(SpecInput):
         )
 
     @classmethod
-    def for_capture(cls, shape: WindowShape, logits_rows: torch.Tensor, custom_mask: torch.Tensor) -> "ParseVerifyInput":
+    def for_capture(
+        cls, shape: WindowShape, logits_rows: torch.Tensor, custom_mask: torch.Tensor
+    ) -> "ParseVerifyInput":
         """What SGLang's decode CUDA-graph runner captures a PARSE verify with (its
         `get_spec_info` / `create_dummy_verify_input`): the runner's own all-True mask
         buffer and this shape's logits rows from `ShapeConstants` (the graph bakes them in,

@@ -1,7 +1,7 @@
 """Steps 2-5 of a PARSE round: what each request needs, where its probes go, and the batch's
 verify window.
 
-The host's share of a round (DESIGN.md §9): the drafts come over once (their text places the
+The host's share of a round (docs/gpu.md §9): the drafts come over once (their text places the
 boundaries), the round's host decisions go back once, as ONE packed int32 tensor, and the
 window itself is built on the device (`ParseVerifyInput.for_round`). The decisions
 (`ProbePlan`) are what a tensor-parallel server's ranks take from rank 0 (`plan_window`'s

@@ -1,6 +1,6 @@
 """PARSE as an SGLang speculative worker (`--speculative-algorithm PARSE`).
 
-`ParseWorker._round` is one PARSE round (DESIGN.md §1) for a whole decode batch: the
+`ParseWorker._round` is one PARSE round (docs/design.md §1) for a whole decode batch: the
 draft writes d_1..d_L, boundaries are placed, ONE target TARGET_VERIFY forward reads the
 chain rows and every probe, the longest acceptable prefix plus a bonus token is kept.
 The rest of the class is SGLang bookkeeping around it.
@@ -18,7 +18,7 @@ Conventions this worker keeps with SGLang's scheduler (sync V2 schema, no overla
   exists for every slot that can become committed and no draft re-extend is needed; only an
   adaptive server's tier-0 rounds skip the draft, and the round that drafts again first
   extends the draft over the tokens they committed (`DraftChain.catch_up`).
-- Host and device meet three times a round (DESIGN.md §9): the drafts come to the host (their
+- Host and device meet three times a round (docs/gpu.md §9): the drafts come to the host (their
   text places the boundaries), the round's plan goes to the device as one packed tensor
   (`window_plan`), and after acceptance its result comes back as one packed tensor
   (`acceptance.round_result`), from which counters and target phases are kept.
@@ -99,10 +99,17 @@ class Committed:
     @classmethod
     def of(cls, batch: ScheduleBatch, device) -> "Committed":
         carried = batch.spec_info
-        if isinstance(carried, EagleDraftInput) and carried.bonus_tokens is not None and len(carried.bonus_tokens) == len(batch.reqs):
+        if (
+            isinstance(carried, EagleDraftInput)
+            and carried.bonus_tokens is not None
+            and len(carried.bonus_tokens) == len(batch.reqs)
+        ):
             last = carried.bonus_tokens
         else:  # not carried by SGLang (never seen): the host's copy, one more copy to the device
-            logger.warning("PARSE round without its carried input tokens (spec_info=%s): taken from the requests", type(carried).__name__)
+            logger.warning(
+                "PARSE round without its carried input tokens (spec_info=%s): taken from the requests",
+                type(carried).__name__,
+            )
             last = torch.tensor([req.output_ids[-1] for req in batch.reqs], dtype=torch.int64).to(device)
         return cls(batch.seq_lens, batch.seq_lens_cpu, batch.req_pool_indices, last)
 
@@ -132,7 +139,9 @@ class ParseWorker(BaseSpecWorker):
         self.speculative_num_draft_tokens = self.config.draft_budget + 1  # chain width; meta_info divides by it
         tokenizer_path, trust = get_serving().tokenizer_path, get_model().trust_remote_code
         self.texts = TokenTexts(target_tokenizer(tokenizer_path, trust), self.model_runner.model_config.vocab_size)
-        self.probe = judge_probe_for(tokenizer_path, self.config.judge_question, trust) if self.config.uses_probe else None
+        self.probe = (
+            judge_probe_for(tokenizer_path, self.config.judge_question, trust) if self.config.uses_probe else None
+        )
         self.suffix_ids = None
         self.answer_columns = None
         if self.probe:
@@ -172,7 +181,7 @@ class ParseWorker(BaseSpecWorker):
     # ----- one PARSE round --------------------------------------------------------------
 
     def _round(self, batch: ScheduleBatch) -> GenerationBatchResult:
-        """One PARSE round for every request of a decode batch (DESIGN.md §1, steps 1-9)."""
+        """One PARSE round for every request of a decode batch (docs/design.md §1, steps 1-9)."""
         committed = Committed.of(batch, self.device)
         policies = [request_policy(req, self.config) for req in batch.reqs]
         length, steps = self._draft_length(batch, policies)  # L: the server's, or the adaptive tier
@@ -197,8 +206,11 @@ class ParseWorker(BaseSpecWorker):
         if self.adaptive is None:
             return self.config.draft_budget, 1
         info = batch.sampling_info
-        stepwise = batch.has_grammar or batch.return_logprob or (
-            info.acc_additive_penalties is not None or info.acc_scaling_penalties is not None)
+        stepwise = (
+            batch.has_grammar
+            or batch.return_logprob
+            or (info.acc_additive_penalties is not None or info.acc_scaling_penalties is not None)
+        )
         longest = max(self.config.tier0_steps if p.left is None else p.left for p in policies)
         steps = 1 if stepwise else max(min(self.config.tier0_steps, self.config.draft_budget + 1, longest), 1)
         probes = self.probe is not None and any(p.judged and p.config.uses_probe for p in policies)
@@ -445,4 +457,3 @@ class ParseWorker(BaseSpecWorker):
     @property
     def spec_v2_attn_backends(self) -> tuple:
         return (self.target_worker.model_runner.attn_backend, self.draft_runner.attn_backend)
-

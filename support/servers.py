@@ -58,7 +58,7 @@ def wait_bound(proc: subprocess.Popen, log_path: Path, port: int, timeout: float
 
 def launch(command: list[str], flags: dict, log_path: Path, env: dict | None = None, timeout: float = 180.0,
            cwd=None) -> tuple[subprocess.Popen, str]:  # fmt: skip
-    """`command` (e.g. [python, "-m", "parse_sglang.launch_server"]) with `flags` (`cli_args`) on
+    """`command` (e.g. [python, "-m", "sglang_cpu.launch_server"]) with `flags` (`cli_args`) on
     127.0.0.1 and a free port, output to `log_path`: (the process, its URL) once it bound the
     port; started again on a fresh port if the port was taken before the server bound it (by
     another process, or by one of SGLang's own random internal ports), 3 attempts."""
@@ -81,7 +81,9 @@ def wait_healthy(proc: subprocess.Popen, url: str, log_path: Path, timeout: floa
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode}:\n{Path(log_path).read_text(errors='replace')[-4000:]}")
+            raise RuntimeError(
+                f"server exited with {proc.returncode}:\n{Path(log_path).read_text(errors='replace')[-4000:]}"
+            )
         try:
             if requests.get(url + "/health", timeout=2).status_code == 200:
                 return

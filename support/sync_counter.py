@@ -1,5 +1,5 @@
 """Counting, on a CPU, what would make a GPU's host wait: device-to-host reads and
-host-to-device copies (DESIGN.md §9).
+host-to-device copies (docs/gpu.md §9).
 
 On a CPU every tensor is a host tensor, so `SyncCounter` keeps the distinction itself: a
 tensor stands for a device tensor unless it is known to live on the host. Host tensors are
@@ -23,7 +23,7 @@ Counted, with the Python frame that asked for it:
   element into device tensors (on a GPU: an implicit copy, or an error).
 
 Each event is attributed to PARSE's round (the innermost frame outside torch is in
-`parse_sglang`, outside its CPU runtime `parse_sglang/cpu`) or to SGLang (anything else).
+`parse_sglang`) or to SGLang (anything else, the CPU runtime `sglang_cpu` among it).
 """
 
 from __future__ import annotations
@@ -45,7 +45,6 @@ _DATA_SHAPED = {torch.nonzero, _T.nonzero, torch.masked_select, _T.masked_select
                 torch.argwhere, _T.argwhere}  # fmt: skip
 _FROM_DATA = {torch.tensor, torch.as_tensor, torch.asarray}
 _PACKAGE = os.path.dirname(importlib.util.find_spec("parse_sglang").origin) + os.sep  # the one this process runs
-_CPU_RUNTIME = _PACKAGE + "cpu" + os.sep
 _TORCH = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
 
 
@@ -100,8 +99,11 @@ class SyncCounter(TorchFunctionMode):
             host_out = True
         elif func is _T.to or func is _T.cuda:
             target = kwargs.get("device", args[1] if len(args) > 1 else None)
-            to_device = func is _T.cuda or isinstance(target, (str, torch.device)) or (
-                isinstance(target, torch.Tensor) and not self.is_host(target))
+            to_device = (
+                func is _T.cuda
+                or isinstance(target, (str, torch.device))
+                or (isinstance(target, torch.Tensor) and not self.is_host(target))
+            )
             if to_device and self.is_host(args[0]):
                 self._event("host_to_device", name, args[0])
             host_out = self.is_host(args[0]) and not to_device
@@ -145,6 +147,6 @@ class SyncCounter(TorchFunctionMode):
             frame = frame.f_back
         where = "?" if frame is None else f"{frame.f_code.co_filename}:{frame.f_lineno}"
         path = "" if frame is None else frame.f_code.co_filename
-        owner = "parse" if path.startswith(_PACKAGE) and not path.startswith(_CPU_RUNTIME) else "sglang"
+        owner = "parse" if path.startswith(_PACKAGE) else "sglang"
         nbytes = tensor.numel() * tensor.element_size() if isinstance(tensor, torch.Tensor) else 0
         self.events.append(SyncEvent(direction, owner, self.step, what, where, nbytes))

@@ -66,8 +66,16 @@ MAX_NUMBER = 30  # numbers the tokenizer holds as whole tokens (corrupted steps 
 MIN_EVENTS, MAX_EVENTS = 2, 4
 TEST_SEED = 10_000  # held-out problems: problems(TEST_SEED, n); training uses seeds below it
 
-NAMES = (("Mia", "she"), ("Tom", "he"), ("Ana", "she"), ("Sam", "he"), ("Eva", "she"), ("Max", "he"),
-         ("Lily", "she"), ("Ben", "he"))
+NAMES = (
+    ("Mia", "she"),
+    ("Tom", "he"),
+    ("Ana", "she"),
+    ("Sam", "he"),
+    ("Eva", "she"),
+    ("Max", "he"),
+    ("Lily", "she"),
+    ("Ben", "he"),
+)
 ITEMS = ("apples", "pens", "cards", "coins", "books", "shells", "stamps", "eggs")
 GAIN_VERBS = ("buys", "finds", "gets", "wins")
 LOSS_VERBS = ("sells", "loses", "uses", "gives away")
@@ -213,16 +221,26 @@ def _step_pieces(problem: Problem, index: int, wording: dict[str, int], s: State
     x, a, y = (f" {s.x}", wrong_x), (f" {s.a}", wrong_a), (f" {s.y}", wrong_y)
     ordinal = ORDINALS[index]
     pieces = [[ordinal, ","], ["Step", f" {index + 1}", ":"], ["In", " the", " " + ordinal.lower(), " step", ","]][
-        wording["opener"]]
+        wording["opener"]
+    ]
     pieces = [(p, False) for p in pieces] + [(" " + (problem.pronoun, problem.name)[wording["subject"]], False)]
     pieces += [(" " + word, False) for word in event.verb.split()]
-    pieces += [a] + [(p, False) for p in ([" more"] if event.sign > 0 else [], [" " + problem.item],
-                                          [" extra"] if event.sign > 0 else [" of", " them"])[wording["amount"]]]
+    pieces += [a] + [
+        (p, False)
+        for p in (
+            [" more"] if event.sign > 0 else [],
+            [" " + problem.item],
+            [" extra"] if event.sign > 0 else [" of", " them"],
+        )[wording["amount"]]
+    ]
     pieces += ([(",", False), (" so", False)], [(" and", False)], [(",", False), (" which", False), (" gives", False)])[
-        wording["connector"]]
-    pieces += ([x, (" " + sym[0], sym[1]), a, (" =", False), y],
-               [x, (" " + op_word[0], op_word[1]), a, (" is", False), y],
-               [x, (" " + sym[0], sym[1]), a, (" makes", False), y])[wording["result"]]
+        wording["connector"]
+    ]
+    pieces += (
+        [x, (" " + sym[0], sym[1]), a, (" =", False), y],
+        [x, (" " + op_word[0], op_word[1]), a, (" is", False), y],
+        [x, (" " + sym[0], sym[1]), a, (" makes", False), y],
+    )[wording["result"]]
     pieces += [(p, False) for p in ([], [" " + problem.item], [" " + problem.item, " now"])[wording["unit"]]]
     return pieces + [(".", False), ("\n", False)]
 
@@ -251,8 +269,12 @@ class Solution:
 CORRUPTIONS = ("result", "amount", "total", "operation", "answer")
 
 
-def write_solution(problem: Problem, wordings: Sequence[dict[str, int]], arithmetic=true_arithmetic,
-                   corrupt: tuple[int, str, int] | None = None) -> Solution:
+def write_solution(
+    problem: Problem,
+    wordings: Sequence[dict[str, int]],
+    arithmetic=true_arithmetic,
+    corrupt: tuple[int, str, int] | None = None,
+) -> Solution:
     """The solution of `problem` with wordings[i] for step i and wordings[-1] for the answer line
     (one more than the events), each step's result computed by `arithmetic(x, sign, a)` from the running total the
     previous step stated (so one error carries forward, as a model's would).
@@ -334,8 +356,12 @@ def build_tokenizer(seed: int = 0):
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=2048, special_tokens=list(SPECIAL_TOKENS),
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=2048,
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     tok.train_from_iterator(_tokenizer_corpus(seed), trainer=trainer)
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS_TOKEN, pad_token=PAD_TOKEN, unk_token=None)
     fast.chat_template = CHAT_TEMPLATES["chatml"]
@@ -346,6 +372,7 @@ def build_tokenizer(seed: int = 0):
 # Training examples: a chat-templated prompt, a solution (+ EOS) and judge probes at cuts of it,
 # laid out exactly as PARSE's verify pass lays them out (reference.verify_inputs).
 # ---------------------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class Example:
@@ -371,8 +398,9 @@ class Encoder:
             raise ValueError("the tokenizer's 'Yes' / 'No' are not the judge probe's answer tokens")
 
     def prompt_ids(self, problem: Problem) -> list[int]:
-        ids = self.tokenizer.apply_chat_template([{"role": "user", "content": problem.prompt}],
-                                                 add_generation_prompt=True, tokenize=True, return_dict=False)
+        ids = self.tokenizer.apply_chat_template(
+            [{"role": "user", "content": problem.prompt}], add_generation_prompt=True, tokenize=True, return_dict=False
+        )
         return list(ids["input_ids"] if isinstance(ids, dict) else ids)
 
     def solution_ids(self, solution: Solution) -> tuple[list[int], int | None, list[int]]:
@@ -384,15 +412,22 @@ class Encoder:
             ends.append(offset)
         if offset != len(solution.text):
             raise ValueError(f"tokens do not decode to the solution text {solution.text!r}")
-        error = None if solution.first_error is None else next(i for i, e in enumerate(ends) if e > solution.first_error)
+        error = (
+            None if solution.first_error is None else next(i for i, e in enumerate(ends) if e > solution.first_error)
+        )
         lines = [ends.index(e) + 1 for e in solution.line_ends]
         return ids + [self.eos_id], error, lines
 
 
 def arithmetic_facts() -> list[tuple[int, int, int]]:
     """Every (sign, x, a) a true solution can meet: x in 0..MAX_TOTAL, result in 0..MAX_TOTAL."""
-    return [(sign, x, a) for sign in (1, -1) for x in range(MAX_TOTAL + 1) for a in range(1, MAX_AMOUNT + 1)
-            if 0 <= x + sign * a <= MAX_TOTAL]
+    return [
+        (sign, x, a)
+        for sign in (1, -1)
+        for x in range(MAX_TOTAL + 1)
+        for a in range(1, MAX_AMOUNT + 1)
+        if 0 <= x + sign * a <= MAX_TOTAL
+    ]
 
 
 def draft_bad_facts(seed: int, share: float) -> frozenset[tuple[int, int, int]]:
@@ -407,6 +442,7 @@ def draft_arithmetic(bad: frozenset[tuple[int, int, int]]):
         if (sign, x, a) in bad:
             return y + 1 if y < MAX_TOTAL else y - 1
         return y
+
     return arithmetic
 
 
@@ -468,6 +504,7 @@ def base_example(rng: random.Random, enc: Encoder) -> Example:
 
 def draft_example(rng: random.Random, enc: Encoder, arithmetic) -> Example:
     """A solution in the draft's style with the draft's arithmetic, trained as text."""
+
     def attempt():
         problem = _problem(rng)
         wordings = [sample_wording(rng, DRAFT_STYLE) for _ in range(len(problem.events) + 1)]
@@ -481,6 +518,7 @@ def draft_example(rng: random.Random, enc: Encoder, arithmetic) -> Example:
 # ---------------------------------------------------------------------------------------------
 # Models and training
 # ---------------------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class Shape:
@@ -499,11 +537,20 @@ def llama_config(shape: Shape, tokenizer):
     from transformers import LlamaConfig
 
     return LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=shape.hidden, intermediate_size=shape.intermediate,
-        num_hidden_layers=shape.layers, num_attention_heads=shape.heads, num_key_value_heads=shape.kv_heads,
-        head_dim=shape.head_dim, max_position_embeddings=1024, rope_theta=10000.0, tie_word_embeddings=False,
-        bos_token_id=None, eos_token_id=tokenizer.convert_tokens_to_ids(EOS_TOKEN),
-        pad_token_id=tokenizer.convert_tokens_to_ids(PAD_TOKEN), dtype="float32",
+        vocab_size=len(tokenizer),
+        hidden_size=shape.hidden,
+        intermediate_size=shape.intermediate,
+        num_hidden_layers=shape.layers,
+        num_attention_heads=shape.heads,
+        num_key_value_heads=shape.kv_heads,
+        head_dim=shape.head_dim,
+        max_position_embeddings=1024,
+        rope_theta=10000.0,
+        tie_word_embeddings=False,
+        bos_token_id=None,
+        eos_token_id=tokenizer.convert_tokens_to_ids(EOS_TOKEN),
+        pad_token_id=tokenizer.convert_tokens_to_ids(PAD_TOKEN),
+        dtype="float32",
     )
 
 
@@ -514,7 +561,7 @@ def pack(examples: Sequence[Example], suffix: Sequence[int], yes_id: int, no_id:
     is-judge [n])."""
     import torch
 
-    from parse_sglang.reference import verify_inputs_batch
+    from support.reference import verify_inputs_batch
 
     blocks = []
     layouts = verify_inputs_batch([(ex.context, ex.chain, ex.cuts, suffix if ex.cuts else ()) for ex in examples])
@@ -544,9 +591,9 @@ def pack(examples: Sequence[Example], suffix: Sequence[int], yes_id: int, no_id:
         for i in members:
             inputs, rows, tgt, jdg = blocks[i]
             size = len(inputs.input_ids)
-            ids[r, start:start + size] = inputs.input_ids
-            pos[r, start:start + size] = inputs.positions
-            allowed[r, start:start + size, start:start + size] = inputs.allowed
+            ids[r, start : start + size] = inputs.input_ids
+            pos[r, start : start + size] = inputs.positions
+            allowed[r, start : start + size, start : start + size] = inputs.allowed
             loss_rows += [(r, start + row) for row in rows]
             targets += tgt
             judge += jdg
@@ -565,7 +612,9 @@ def train(model, batches, steps: int, lr: float, judge_weight: float = 1.0, log=
     warmup = max(1, steps // 20)
     model.train()
     for step in range(steps):
-        scale = (step + 1) / warmup if step < warmup else 0.5 * (1 + math.cos(math.pi * (step - warmup) / (steps - warmup)))
+        scale = (
+            (step + 1) / warmup if step < warmup else 0.5 * (1 + math.cos(math.pi * (step - warmup) / (steps - warmup)))
+        )
         for group in opt.param_groups:
             group["lr"] = lr * scale
         ids, pos, bias, rows, targets, judge = batches(step)
@@ -603,29 +652,42 @@ def step_results(problem: Problem, output_text: str) -> list[bool]:
     for i, line in enumerate(lines):
         nums = [int(n) for n in _NUMBER.findall(_STEP_NUMBER.sub("", line))]
         sign = 1 if (" + " in line or " plus " in line) else -1 if (" - " in line or " minus " in line) else 0
-        ok = (i < len(problem.events) and len(nums) == 4 and nums[0] == nums[2] == problem.events[i].amount
-              and sign == problem.events[i].sign and nums[1] == prev and nums[3] == nums[1] + sign * nums[2])
+        ok = (
+            i < len(problem.events)
+            and len(nums) == 4
+            and nums[0] == nums[2] == problem.events[i].amount
+            and sign == problem.events[i].sign
+            and nums[1] == prev
+            and nums[3] == nums[1] + sign * nums[2]
+        )
         results.append(ok)
         if nums:
             prev = nums[-1]
     return results
 
 
-def greedy_outputs(model, enc: Encoder, items: Sequence[Problem], max_new_tokens: int = 96,
-                   batch: int = 64) -> list[str]:
+def greedy_outputs(
+    model, enc: Encoder, items: Sequence[Problem], max_new_tokens: int = 96, batch: int = 64
+) -> list[str]:
     """Greedy solutions (text, special tokens dropped) of `items`, batched with left padding."""
     import torch
 
     pad = enc.tokenizer.convert_tokens_to_ids(PAD_TOKEN)
     texts = []
     for start in range(0, len(items), batch):
-        prompts = [enc.prompt_ids(p) for p in items[start:start + batch]]
+        prompts = [enc.prompt_ids(p) for p in items[start : start + batch]]
         width = max(map(len, prompts))
         ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
         with torch.no_grad():
-            out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False,
-                                 eos_token_id=enc.eos_id, pad_token_id=pad)
+            out = model.generate(
+                input_ids=ids,
+                attention_mask=mask,
+                max_new_tokens=max_new_tokens,
+                do_sample=False,
+                eos_token_id=enc.eos_id,
+                pad_token_id=pad,
+            )
         texts += enc.tokenizer.batch_decode(out[:, width:], skip_special_tokens=True)
     return texts
 
@@ -668,8 +730,8 @@ def token_agreement(target, draft, enc: Encoder, items: Sequence[Problem]) -> fl
         out = enc.tokenizer.encode(text, add_special_tokens=False) + [enc.eos_id]
         ids = torch.tensor([prompt + out])
         with torch.no_grad():
-            guess = draft(input_ids=ids).logits[0, len(prompt) - 1:-1].argmax(-1)
-        agree += int((guess == ids[0, len(prompt):]).sum())
+            guess = draft(input_ids=ids).logits[0, len(prompt) - 1 : -1].argmax(-1)
+        agree += int((guess == ids[0, len(prompt) :]).sum())
         total += len(out)
     return agree / total
 
@@ -680,8 +742,9 @@ def step_accuracy(texts: Sequence[str], items: Sequence[Problem]) -> float:
     return sum(results) / max(len(results), 1)
 
 
-def judged_prefixes(seed: int, n: int, enc: Encoder,
-                    kind: str | None = None) -> list[tuple[Problem, list[int], list[int], list[bool]]]:
+def judged_prefixes(
+    seed: int, n: int, enc: Encoder, kind: str | None = None
+) -> list[tuple[Problem, list[int], list[int], list[bool]]]:
     """`n` held-out solutions to judge: in the draft's or any wording, half with one false
     statement (of `kind`, one of CORRUPTIONS, or of the training mix); each as (problem, solution
     ids + EOS, cuts at its line ends and its end, label per cut: no false statement before the cut)."""
@@ -714,7 +777,7 @@ def judge_auc(target, enc: Encoder, seed: int, n: int, kind: str | None = None) 
     import torch
 
     from parse_sglang.judge import judge_scores
-    from parse_sglang.reference import parallel_verify
+    from support.reference import parallel_verify
 
     scores, labels, at_error = [], [], []
     for problem, chain, cuts, cut_labels in judged_prefixes(seed, n, enc, kind):
@@ -737,7 +800,11 @@ def grow(base, shape: Shape, tokenizer):
 
     config = base.config
     if (shape.hidden, shape.heads, shape.kv_heads, shape.head_dim) != (
-            config.hidden_size, config.num_attention_heads, config.num_key_value_heads, config.head_dim):
+        config.hidden_size,
+        config.num_attention_heads,
+        config.num_key_value_heads,
+        config.head_dim,
+    ):
         raise ValueError(f"grow keeps the hidden size and heads of the base model, got {shape}")
     model = LlamaForCausalLM(llama_config(shape, tokenizer))
     inner = config.intermediate_size
@@ -748,8 +815,14 @@ def grow(base, shape: Shape, tokenizer):
         for i, layer in enumerate(model.model.layers):
             if i < len(base.model.layers):
                 old = base.model.layers[i]
-                for name in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
-                             "input_layernorm", "post_attention_layernorm"):
+                for name in (
+                    "self_attn.q_proj",
+                    "self_attn.k_proj",
+                    "self_attn.v_proj",
+                    "self_attn.o_proj",
+                    "input_layernorm",
+                    "post_attention_layernorm",
+                ):
                     layer.get_submodule(name).weight.copy_(old.get_submodule(name).weight)
                 layer.mlp.gate_proj.weight[:inner].copy_(old.mlp.gate_proj.weight)
                 layer.mlp.up_proj.weight[:inner].copy_(old.mlp.up_proj.weight)
@@ -796,6 +869,7 @@ def _phase_batches(recipe: Recipe, phase: str, make, enc: Encoder):
 
     def batches(step: int):
         return pack([make(rng) for _ in range(recipe.batch)], enc.probe.suffix_ids, enc.yes_id, enc.no_id, 512)
+
     return batches
 
 
@@ -813,8 +887,11 @@ def train_pair(recipe: Recipe, log=print):
         def report(step: int, lm: float, judge: float):
             if step == steps - 1 or (step + 1) % max(1, steps // 4) == 0:
                 judge_text = f", judge loss {judge:.3f}" if judge else ""
-                log(f"[synthetic] {name} step {step + 1}/{steps}: text loss {lm:.3f}{judge_text} "
-                    f"({time.time() - start:.0f} s)")
+                log(
+                    f"[synthetic] {name} step {step + 1}/{steps}: text loss {lm:.3f}{judge_text} "
+                    f"({time.time() - start:.0f} s)"
+                )
+
         return report
 
     threads, deterministic = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
@@ -827,18 +904,33 @@ def train_pair(recipe: Recipe, log=print):
         torch.manual_seed(recipe.seed)
         base = LlamaForCausalLM(llama_config(recipe.draft, tokenizer))
         steps = recipe.steps("base")
-        train(base, _phase_batches(recipe, "base", lambda rng: base_example(rng, enc), enc), steps, recipe.base_lr,
-              log=phase_log("base", steps))
+        train(
+            base,
+            _phase_batches(recipe, "base", lambda rng: base_example(rng, enc), enc),
+            steps,
+            recipe.base_lr,
+            log=phase_log("base", steps),
+        )
         torch.manual_seed(recipe.seed + 1)
         target = grow(base, recipe.target, tokenizer)
         draft = base
         arithmetic = draft_arithmetic(draft_bad_facts(recipe.seed, recipe.bad_share))
         steps = recipe.steps("draft")
-        train(draft, _phase_batches(recipe, "draft", lambda rng: draft_example(rng, enc, arithmetic), enc), steps,
-              recipe.draft_lr, log=phase_log("draft", steps))
+        train(
+            draft,
+            _phase_batches(recipe, "draft", lambda rng: draft_example(rng, enc, arithmetic), enc),
+            steps,
+            recipe.draft_lr,
+            log=phase_log("draft", steps),
+        )
         steps = recipe.steps("target")
-        train(target, _phase_batches(recipe, "target", lambda rng: target_example(rng, enc, recipe.probes), enc),
-              steps, recipe.target_lr, log=phase_log("target", steps))
+        train(
+            target,
+            _phase_batches(recipe, "target", lambda rng: target_example(rng, enc, recipe.probes), enc),
+            steps,
+            recipe.target_lr,
+            log=phase_log("target", steps),
+        )
     finally:
         torch.set_num_threads(threads)
         torch.use_deterministic_algorithms(deterministic)
@@ -855,8 +947,9 @@ def save_model(model, tokenizer, out) -> None:
     that transformers and SGLang load as it is; greedy generation stops at EOS."""
     from transformers import GenerationConfig
 
-    model.generation_config = GenerationConfig(eos_token_id=model.config.eos_token_id,
-                                               pad_token_id=model.config.pad_token_id)
+    model.generation_config = GenerationConfig(
+        eos_token_id=model.config.eos_token_id, pad_token_id=model.config.pad_token_id
+    )
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
 
@@ -866,8 +959,12 @@ def _recipe_record(recipe: Recipe) -> dict:
     import dataclasses
     import importlib.metadata
 
-    return {"pair": PAIR_PREFIX, "recipe": dataclasses.asdict(recipe),
-            "torch": importlib.metadata.version("torch"), "transformers": importlib.metadata.version("transformers")}
+    return {
+        "pair": PAIR_PREFIX,
+        "recipe": dataclasses.asdict(recipe),
+        "torch": importlib.metadata.version("torch"),
+        "transformers": importlib.metadata.version("transformers"),
+    }
 
 
 def pair_dir(cache_dir=None, recipe: Recipe = RECIPE):
@@ -908,8 +1005,14 @@ def judge_report(target, enc: Encoder, num_problems: int) -> list[dict]:
     rows = []
     for kind in (None, *CORRUPTIONS):
         measured = judge_auc(target, enc, TEST_SEED, num_problems, kind)
-        rows.append({"kind": kind or "mix", "auc": round(measured.auc, 3),
-                     "auc_at_error": round(measured.auc_at_error, 3), "prefixes": measured.prefixes})
+        rows.append(
+            {
+                "kind": kind or "mix",
+                "auc": round(measured.auc, 3),
+                "auc_at_error": round(measured.auc_at_error, 3),
+                "prefixes": measured.prefixes,
+            }
+        )
     return rows
 
 
@@ -918,8 +1021,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     import json
     import sys
 
-    parser = argparse.ArgumentParser(prog="python -m support.synthetic",
-                                     description="Build (or find in the cache) the synthetic target/draft pair.")
+    parser = argparse.ArgumentParser(
+        prog="python -m support.synthetic", description="Build (or find in the cache) the synthetic target/draft pair."
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     cmd = sub.add_parser("build", help="train the pair once into the cache; print the target and draft directories")
     judge = sub.add_parser("judge", help="ROC AUC of the target's probe judge, per kind of false statement")
@@ -937,8 +1041,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         rows = judge_report(target_model, enc, args.num_problems)
         from parse_sglang.demo import table
 
-        print("\n".join(json.dumps(row) for row in rows) if args.json else
-              table(list(rows[0]), [[str(v) for v in row.values()] for row in rows]))
+        print(
+            "\n".join(json.dumps(row) for row in rows)
+            if args.json
+            else table(list(rows[0]), [[str(v) for v in row.values()] for row in rows])
+        )
     elif args.json:
         print(json.dumps({"target": str(target), "draft": str(draft)}))
     else:

@@ -1,10 +1,10 @@
 """Shared fixtures for the SGLang tier: a tiny target/draft pair and real SGLang engines on CPU.
 
-Engines are real `sglang.Engine`s with the CPU settings of DESIGN.md §3 (fp32, torch_native
+Engines are real `sglang.Engine`s with the CPU settings of docs/cpu-runtime.md (fp32, torch_native
 attention, no CUDA graphs, a small KV pool). Starting one costs ~15 s, so a module starts
 each configuration once (`sglang_engine` as a module-scoped fixture's context manager) and
 the target-only greedy outputs every parity test compares with are computed once per session
-(`target_only_outputs`). `parse_sglang.cpu.enable()` runs only when a fixture that starts
+(`target_only_outputs`). `sglang_cpu.enable()` runs only when a fixture that starts
 SGLang is first used, never at collection.
 """
 
@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from parse_sglang.cpu import CPU_ENGINE_SETTINGS
+from sglang_cpu import CPU_ENGINE_SETTINGS
 from support.tiny_models import build_pair
 
 # Prompts that every SGLang parity test uses; the later ones repeat themselves, which gives
@@ -58,7 +58,7 @@ def load_benchmark(name: str, module_name: str | None = None):
 
 
 def engine_kwargs(model_path, **overrides) -> dict:
-    """`sglang.Engine` keyword arguments for a tiny fp32 model on CPU (DESIGN.md §3)."""
+    """`sglang.Engine` keyword arguments for a tiny fp32 model on CPU (docs/cpu-runtime.md)."""
     kwargs = dict(
         model_path=str(model_path),
         **CPU_ENGINE_SETTINGS,
@@ -89,9 +89,9 @@ def standalone_kwargs(draft_path, **overrides) -> dict:
 @contextlib.contextmanager
 def sglang_engine(model_path, **overrides):
     """A real `sglang.Engine` on CPU, shut down on exit."""
-    import parse_sglang.cpu
+    import sglang_cpu
 
-    parse_sglang.cpu.enable()
+    sglang_cpu.enable()
     import sglang
 
     engine = sglang.Engine(**engine_kwargs(model_path, **overrides))
@@ -169,9 +169,9 @@ def hf_target(tiny_pair):
 @pytest.fixture(scope="session")
 def cpu_runtime():
     """Activate the CPU runtime for this test process (and the SGLang processes it starts)."""
-    import parse_sglang.cpu
+    import sglang_cpu
 
-    return parse_sglang.cpu.enable()
+    return sglang_cpu.enable()
 
 
 @dataclasses.dataclass(frozen=True)

@@ -61,9 +61,9 @@ def clean_env(**extra: str) -> dict:
 @contextlib.contextmanager
 def launched_server(
     model_path, log_dir, env: dict, timeout: float = 180.0, python: str = sys.executable,
-    module: str = "parse_sglang.launch_server", **overrides,
+    module: str = "sglang_cpu.launch_server", **overrides,
 ):  # fmt: skip
-    """`python -m parse_sglang.launch_server` (or `module`, run by `python`) on 127.0.0.1 and a free
+    """`python -m sglang_cpu.launch_server` (or `module`, run by `python`) on 127.0.0.1 and a free
     port with the tiny-model CPU settings of `conftest.engine_kwargs(model_path, **overrides)` as
     flags (log level info: SGLang's memory-check lines are read back), from `clean_env(**env)`;
     yields the healthy `Server`, kills what is left of it on exit."""
@@ -83,7 +83,7 @@ def launched_server(
 def parse_server(tiny_pair, log_dir, config, **overrides):
     """`launched_server` serving the tiny pair with PARSE at `config` (a ParseConfig; judge off:
     greedy output == the target's), with STRICT_MEM_CHECKS."""
-    from parse_sglang.demo import parse_engine_kwargs
+    from parse_sglang.settings import parse_engine_kwargs
 
     target, draft = tiny_pair
     parse = parse_engine_kwargs(draft, config)
@@ -96,13 +96,11 @@ def greedy(max_new: int, **extra) -> dict:
     return {"max_new_tokens": max_new, "temperature": 0.0, "ignore_eos": True, **extra}
 
 
-
 def alive(pid: int) -> bool:
     try:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
-
 
 
 def assert_memory_balanced(log: str, min_checks: int) -> None:

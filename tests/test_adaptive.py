@@ -13,7 +13,13 @@ import torch
 
 from conftest import load_benchmark
 from parse_sglang.adaptive import (
-    EXPLORE_SAMPLES, PROBE_BACKOFF_MAX, PROBE_OVERHEAD, SAMPLES, AdaptiveDraftLength, CostTable, bucket,
+    EXPLORE_SAMPLES,
+    PROBE_BACKOFF_MAX,
+    PROBE_OVERHEAD,
+    SAMPLES,
+    AdaptiveDraftLength,
+    CostTable,
+    bucket,
 )
 from parse_sglang.profile_cost import main as profile_cost_main
 from parse_sglang.settings import ParseConfig, server_parse_config
@@ -269,7 +275,7 @@ def test_tier_zero_is_probed_again_at_a_bounded_cost_with_backoff():
     assert gaps[:4] == [first, 2 * first, 4 * first, 8 * first], tiers  # failing probes back off
     assert max(gaps) == PROBE_BACKOFF_MAX * first
     # what the probes cost after the first ones: at most PROBE_OVERHEAD of the tier-0 time
-    tail = tiers[probes[1]:]
+    tail = tiers[probes[1] :]
     spent = sum(costs.cost(1, t, rows_of(t)) for t in tail)
     assert spent / (len(tail) * costs.cost(1, 0, 1)) < 1 + PROBE_OVERHEAD
     # a probe that pays for itself (5 tokens where tier 0 emits `ratio` in its time) resets the spacing
@@ -365,9 +371,15 @@ def test_tier_zero_decode_steps_are_priced_per_step_and_pay_the_round_once():
     "values, message",
     [
         ({"adaptive": "yes"}, "adaptive='yes' is invalid: allowed is true or false"),
-        ({"adaptive": True, "adaptive_tiers": [4, -1]}, r"adaptive_tiers=\[4, -1\] is invalid: allowed is a list of integers"),
+        (
+            {"adaptive": True, "adaptive_tiers": [4, -1]},
+            r"adaptive_tiers=\[4, -1\] is invalid: allowed is a list of integers",
+        ),
         ({"adaptive": True, "adaptive_tiers": "0,4"}, "adaptive_tiers='0,4' is invalid"),
-        ({"adaptive": True, "adaptive_tiers": [0, 64]}, r"adaptive_tiers=\[0, 64\] is invalid: \[64\] exceed the draft budget L=32"),
+        (
+            {"adaptive": True, "adaptive_tiers": [0, 64]},
+            r"adaptive_tiers=\[0, 64\] is invalid: \[64\] exceed the draft budget L=32",
+        ),
         ({"adaptive": True, "cost_table": 3}, "cost_table=3 is invalid: allowed is a file path"),
         ({"adaptive": True, "tier0_steps": 0}, r"tier0_steps=0 is invalid: allowed is an integer in \[1, 64\]"),
         ({"adaptive": True, "tier0_steps": 2.5}, r"tier0_steps=2.5 is invalid"),
@@ -416,13 +428,25 @@ def test_benchmark_merges_runs_by_the_median_run(tmp_path):
     files = []
     for i, (base, sync, fixed, adaptive) in enumerate([(100, 75, 50, 90), (80, 60, 60, 70), (120, 90, 40, 130)]):
         path = tmp_path / f"run{i}.jsonl"
-        path.write_text("\n".join(json.dumps(r) for r in (
-            row("target_only", None, base, base=1.0), row("target_only_sync", None, sync, base=sync / base),
-            row("fixed", 4, fixed, base=fixed / base),
-            row("adaptive", None, adaptive, base=adaptive / base, fixed=adaptive / fixed, sync=adaptive / sync))))
+        path.write_text(
+            "\n".join(
+                json.dumps(r)
+                for r in (
+                    row("target_only", None, base, base=1.0),
+                    row("target_only_sync", None, sync, base=sync / base),
+                    row("fixed", 4, fixed, base=fixed / base),
+                    row("adaptive", None, adaptive, base=adaptive / base, fixed=adaptive / fixed, sync=adaptive / sync),
+                )
+            )
+        )
         files.append(str(path))
     merged = {r["mode"]: r for r in bench.merge(files)}
-    assert [merged[m]["tokens_per_s"] for m in ("target_only", "target_only_sync", "fixed", "adaptive")] == [100, 75, 50, 90]
+    assert [merged[m]["tokens_per_s"] for m in ("target_only", "target_only_sync", "fixed", "adaptive")] == [
+        100,
+        75,
+        50,
+        90,
+    ]
     adaptive = merged["adaptive"]
     assert adaptive["ratio_to_target_only"] == pytest.approx(0.9)  # median of 0.9, 0.875, 1.083
     assert adaptive["ratio_to_target_only_runs"] == pytest.approx([0.9, 0.9, 0.875, 0.875, 130 / 120, 130 / 120])

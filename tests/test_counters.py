@@ -121,7 +121,7 @@ def test_package_has_no_import_circle():
 
     def visit(name, trail):
         if state.get(name) == 1:
-            pytest.fail("import circle: " + " -> ".join([*trail[trail.index(name):], name]))
+            pytest.fail("import circle: " + " -> ".join([*trail[trail.index(name) :], name]))
         if state.get(name) == 2:
             return
         state[name] = 1

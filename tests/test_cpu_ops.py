@@ -1,4 +1,4 @@
-"""Unit tests of the torch `sgl_kernel` CPU ops (parse_sglang.cpu.*_ops).
+"""Unit tests of the torch `sgl_kernel` CPU ops (sglang_cpu.*_ops).
 
 Each op is compared with a plain-Python reference that follows, line for line, the Triton
 kernel SGLang 0.5.23 runs on GPUs for the same call (sglang/srt/mem_cache/allocation.py,
@@ -13,14 +13,14 @@ import random
 import pytest
 import torch
 
-from parse_sglang.cpu.cache_ops import (
+from sglang_cpu.cache_ops import (
     assign_draft_cache_locs_contiguous_cpu,
     assign_extend_cache_locs_cpu,
     assign_req_to_token_pool_cpu,
     copy_all_layer_kv_cache_cpu,
 )
-from parse_sglang.cpu.spec_ops import fill_accept_out_cache_loc_cpu, fill_bonus_tokens_cpu, rotate_input_ids_cpu
-from parse_sglang.cpu.tree_ops import (
+from sglang_cpu.spec_ops import fill_accept_out_cache_loc_cpu, fill_bonus_tokens_cpu, rotate_input_ids_cpu
+from sglang_cpu.tree_ops import (
     FULL_MASK,
     QLEN_ONLY,
     QLEN_ONLY_BITPACKING,
@@ -259,9 +259,7 @@ def test_build_tree_kernel_efficient(mode, topk, depth, seed):
     selected = [sorted(rng.sample(range(num_candidates), n - 1)) for _ in range(bs)]
     width = 1 + (depth - 1) * topk
     # parent entries: mostly real candidates (found), some values never selected (not found)
-    parent_list = [
-        [rng.choice(selected[b] + [num_candidates + 5]) for _ in range(width)] for b in range(bs)
-    ]
+    parent_list = [[rng.choice(selected[b] + [num_candidates + 5]) for _ in range(width)] for b in range(bs)]
     seq = [rng.randint(1, 9) for _ in range(bs)]
     reference = _build_tree_reference(parent_list, selected, seq, topk, depth, n, mode)
     ref_mask, ref_pos, ref_idx, ref_next, ref_sib = reference
@@ -270,8 +268,18 @@ def test_build_tree_kernel_efficient(mode, topk, depth, seed):
     positions = torch.empty(bs * n, dtype=torch.int64)
     retrieve = torch.full((3, bs, n), -1, dtype=torch.int64)
     build_tree_kernel_efficient_cpu(
-        torch.tensor(parent_list), torch.tensor(selected), torch.tensor(seq), tree_mask, positions,
-        retrieve[0], retrieve[1], retrieve[2], topk, depth, n, mode,
+        torch.tensor(parent_list),
+        torch.tensor(selected),
+        torch.tensor(seq),
+        tree_mask,
+        positions,
+        retrieve[0],
+        retrieve[1],
+        retrieve[2],
+        topk,
+        depth,
+        n,
+        mode,
     )
     assert tree_mask.tolist() == ref_mask
     assert positions.tolist() == ref_pos
@@ -288,8 +296,18 @@ def test_build_tree_chain_is_causal():
     positions = torch.empty(n, dtype=torch.int64)
     retrieve = torch.full((3, 1, n), -1, dtype=torch.int64)
     build_tree_kernel_efficient_cpu(
-        torch.tensor([[-1, 0, 1]]), torch.tensor([[0, 1, 2]]), torch.tensor([10]), mask, positions,
-        retrieve[0], retrieve[1], retrieve[2], 1, steps, n, QLEN_ONLY,
+        torch.tensor([[-1, 0, 1]]),
+        torch.tensor([[0, 1, 2]]),
+        torch.tensor([10]),
+        mask,
+        positions,
+        retrieve[0],
+        retrieve[1],
+        retrieve[2],
+        1,
+        steps,
+        n,
+        QLEN_ONLY,
     )
     assert torch.equal(mask.view(n, n), torch.ones(n, n, dtype=torch.bool).tril())
     assert positions.tolist() == [10, 11, 12, 13]
@@ -299,15 +317,22 @@ def test_build_tree_chain_is_causal():
 def test_build_tree_rejects_bitpacked_mode():
     with pytest.raises(ValueError, match="tree_mask_mode"):
         build_tree_kernel_efficient_cpu(
-            torch.zeros(1, 1, dtype=torch.int64), torch.zeros(1, 1, dtype=torch.int64), torch.tensor([3]),
-            torch.zeros(2, dtype=torch.uint8), torch.empty(2, dtype=torch.int64),
-            *torch.full((3, 1, 2), -1, dtype=torch.int64), 1, 1, 2, QLEN_ONLY_BITPACKING,
+            torch.zeros(1, 1, dtype=torch.int64),
+            torch.zeros(1, 1, dtype=torch.int64),
+            torch.tensor([3]),
+            torch.zeros(2, dtype=torch.uint8),
+            torch.empty(2, dtype=torch.int64),
+            *torch.full((3, 1, 2), -1, dtype=torch.int64),
+            1,
+            1,
+            2,
+            QLEN_ONLY_BITPACKING,
         )
 
 
 def _verify_reference(candidates, r_idx, r_next, r_sib, target, steps, predicts, accept_index, accept_num):
     """Python port of verify_tree_greedy_kernel_triton (one program per request)."""
-    bs, n = len(candidates), len(candidates[0])
+    bs = len(candidates)
     flat_target = [t for row in target for t in row]
     for b in range(bs):
         last = r_idx[b][0]
@@ -348,13 +373,26 @@ def test_verify_tree_greedy(seed):
     accept_index = torch.full((bs, steps), -1, dtype=torch.int64)
     accept_num = torch.full((bs,), -1, dtype=torch.int64)
     verify_tree_greedy_cpu(
-        predicts=predicts, accept_index=accept_index, accept_token_num=accept_num, candidates=candidates,
-        retrive_index=r_idx, retrive_next_token=r_next, retrive_next_sibling=r_sib, target_predict=target,
+        predicts=predicts,
+        accept_index=accept_index,
+        accept_token_num=accept_num,
+        candidates=candidates,
+        retrive_index=r_idx,
+        retrive_next_token=r_next,
+        retrive_next_sibling=r_sib,
+        target_predict=target,
     )
     ref_pred, ref_acc, ref_num = [-1] * (bs * n), [[-1] * steps for _ in range(bs)], [-1] * bs
     _verify_reference(
-        candidates.tolist(), r_idx.tolist(), r_next.tolist(), r_sib.tolist(), target.tolist(), steps,
-        ref_pred, ref_acc, ref_num,
+        candidates.tolist(),
+        r_idx.tolist(),
+        r_next.tolist(),
+        r_sib.tolist(),
+        target.tolist(),
+        steps,
+        ref_pred,
+        ref_acc,
+        ref_num,
     )
     assert predicts.tolist() == ref_pred
     assert accept_index.tolist() == ref_acc

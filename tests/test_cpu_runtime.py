@@ -1,4 +1,4 @@
-"""The CPU runtime switch (`parse_sglang.cpu.enable`): what it changes, and when it must not.
+"""The CPU runtime switch (`sglang_cpu.enable`): what it changes, and when it must not.
 
 Every scenario runs in a fresh interpreter, because enabling is a process-wide side effect
 (sys.path, PYTHONPATH, SGLANG_USE_CPU_ENGINE) that this pytest process may already carry.
@@ -14,7 +14,7 @@ import textwrap
 
 import pytest
 
-from parse_sglang.cpu import STANDIN_DIRS
+from sglang_cpu import STANDIN_DIRS
 
 SNAPSHOT = """
 import json, os, sys
@@ -43,7 +43,7 @@ def test_inactive_unless_asked():
     out = run_python(
         """
         before = snapshot()
-        import parse_sglang, parse_sglang.cpu, parse_sglang.plugin, parse_sglang.launch_server
+        import parse_sglang, sglang_cpu, parse_sglang.plugin, sglang_cpu.launch_server
         print(json.dumps({"before": before, "after": snapshot()}))
         """
     )
@@ -58,8 +58,8 @@ def test_inactive_where_cuda_is_available():
         import torch
         torch.cuda.is_available = lambda: True
         before = snapshot()
-        import parse_sglang.cpu
-        status = parse_sglang.cpu.enable()
+        import sglang_cpu
+        status = sglang_cpu.enable()
         print(json.dumps({"before": before, "after": snapshot(), "active": status.active, "standins": status.standins}))
         """
     )
@@ -71,9 +71,9 @@ def test_enable_reaches_child_processes():
     out = run_python(
         """
         import subprocess
-        import parse_sglang.cpu
-        first = parse_sglang.cpu.enable()
-        second = parse_sglang.cpu.enable()
+        import sglang_cpu
+        first = sglang_cpu.enable()
+        second = sglang_cpu.enable()
         import sgl_kernel, torchvision
         from torchvision.transforms import InterpolationMode
         from sgl_kernel.speculative import reconstruct_indices_from_tree_mask
@@ -116,8 +116,8 @@ def test_installed_sgl_kernel_is_shadowed_only_when_broken(tmp_path, works):
     (package / "__init__.py").write_text(body)
     out = run_python(
         """
-        import parse_sglang.cpu
-        status = parse_sglang.cpu.enable()
+        import sglang_cpu
+        status = sglang_cpu.enable()
         import sgl_kernel
         print(json.dumps({"standins": status.standins, "real": getattr(sgl_kernel, "REAL", False)}))
         """,

@@ -1,6 +1,6 @@
 """The examples/ programs, run as a user runs them, on the tiny fp32 pair on CPU.
 
-- launch_server.md's CPU command, as `python -m parse_sglang.launch_server` on 127.0.0.1
+- launch_server.md's CPU command, as `python -m sglang_cpu.launch_server` on 127.0.0.1
   (started from a clean environment: the launcher must enable the CPU runtime itself);
   the curl requests of launch_server.md are sent to it as written (but for the host, the
   port and fewer new tokens);
@@ -147,7 +147,7 @@ def server_url(tiny_pair, tmp_path_factory, offline_example):
     """launch_server.md's CPU command on the tiny pair, at 127.0.0.1 and a free port."""
     target, draft = tiny_pair
     command = [
-        sys.executable, "-m", "parse_sglang.launch_server", "--model-path", str(target),
+        sys.executable, "-m", "sglang_cpu.launch_server", "--model-path", str(target),
         "--speculative-algorithm", "PARSE", "--speculative-draft-model-path", str(draft),
         "--speculative-num-steps", str(NUM_STEPS), "--parse-config", '{"threshold": 0.5}',
         "--device", "cpu", "--attention-backend", "torch_native", "--disable-cuda-graph", "--dtype", "float32",

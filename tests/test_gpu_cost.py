@@ -21,7 +21,11 @@ gpu_cost = load_benchmark("gpu_cost")
 
 # Query rows per request: N = 1 + 32 + 4*23; re-read judge passes 4*(1+23) + (8+16+24+32).
 TARGET_MEASUREMENTS = {
-    "decode": 1, "verify_parse": 125, "verify_prefill": 33, "verify_sequential": 125, "verify_sequential_reread": 176,
+    "decode": 1,
+    "verify_parse": 125,
+    "verify_prefill": 33,
+    "verify_sequential": 125,
+    "verify_sequential_reread": 176,
 }
 DRAFT_MEASUREMENTS = {"decode": 1, "draft_loop": 33}
 
@@ -29,7 +33,11 @@ DRAFT_MEASUREMENTS = {"decode": 1, "draft_loop": 33}
 def _tiny_run(*extra: str) -> list[dict]:
     done = subprocess.run(
         [sys.executable, str(SCRIPT), "--tiny", "--json", *extra],
-        cwd=ROOT, capture_output=True, text=True, timeout=300, check=True,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
     )
     return [json.loads(line) for line in done.stdout.splitlines()]
 
@@ -90,8 +98,29 @@ def test_tiny_run_applies_the_speedup_formula(tiny_run):
 
 
 def test_table_output_names_the_formula_and_no_graphs(capsys):
-    gpu_cost.main(["--tiny", "--device", "cpu", "--contexts", "32", "--batches", "1", "--draft-len", "4",
-                   "--probes", "2", "--suffix-len", "3", "--warmup", "0", "--repeats", "1", "--accepted", "3"])
+    gpu_cost.main(
+        [
+            "--tiny",
+            "--device",
+            "cpu",
+            "--contexts",
+            "32",
+            "--batches",
+            "1",
+            "--draft-len",
+            "4",
+            "--probes",
+            "2",
+            "--suffix-len",
+            "3",
+            "--warmup",
+            "0",
+            "--repeats",
+            "1",
+            "--accepted",
+            "3",
+        ]
+    )
     out = capsys.readouterr().out
     assert "N = 1 + L + K*m = 1 + 4 + 2*3 = 11 rows" in out
     assert "speedup(A) = (A+1) * t_target_step / (t_draft_loop + t_verify)" in out

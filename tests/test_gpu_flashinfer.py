@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from parse_sglang.attention.layout import VerifyRequest, build_verify_layout
-from parse_sglang.attention.packbits import segment_packbits
-from parse_sglang.attention.paged import paged_prefill_attention
+from sglang_cpu.packbits import segment_packbits
+from sglang_cpu.paged import paged_prefill_attention
 
 pytestmark = [
     pytest.mark.gpu,
@@ -30,7 +30,7 @@ def flashinfer():
 
 @pytest.fixture(scope="module")
 def runner(flashinfer):
-    from parse_sglang.attention.flashinfer_verify import FlashInferPagedPrefill
+    from support.flashinfer_verify import FlashInferPagedPrefill
 
     return FlashInferPagedPrefill("cuda")
 
@@ -77,8 +77,14 @@ def test_verify_mask_matches_torch_native(runner, dtype, prepack_mask):
     )
     out = runner.run(q, k_cache, v_cache)
     ref = paged_prefill_attention(
-        q, k_cache, v_cache, layout.qo_indptr, layout.kv_indptr, layout.kv_indices,
-        custom_mask=layout.mask_full, sm_scale=sm_scale,
+        q,
+        k_cache,
+        v_cache,
+        layout.qo_indptr,
+        layout.kv_indptr,
+        layout.kv_indices,
+        custom_mask=layout.mask_full,
+        sm_scale=sm_scale,
     )
     assert out.shape == ref.shape and out.dtype == dtype
     tol = TOLERANCE[dtype]
@@ -91,8 +97,14 @@ def test_causal_matches_torch_native(runner, dtype):
     layout, q, k_cache, v_cache = _batch(1)
     q, k_cache, v_cache = q.to(dtype), k_cache.to(dtype), v_cache.to(dtype)
     runner.plan(
-        layout.qo_indptr, layout.kv_indptr, layout.kv_indices,
-        num_qo_heads=HQ, num_kv_heads=HK, head_dim=D, dtype=dtype, causal=True,
+        layout.qo_indptr,
+        layout.kv_indptr,
+        layout.kv_indices,
+        num_qo_heads=HQ,
+        num_kv_heads=HK,
+        head_dim=D,
+        dtype=dtype,
+        causal=True,
     )
     out = runner.run(q, k_cache, v_cache)
     ref = paged_prefill_attention(

@@ -30,7 +30,7 @@ import torch
 
 from conftest import BATCH_PROMPTS
 from parse_sglang.settings import ParseConfig
-from parse_sglang.demo import parse_engine_kwargs
+from parse_sglang.settings import parse_engine_kwargs
 
 pytestmark = [
     pytest.mark.gpu,
@@ -77,8 +77,9 @@ def backend(request):
         from sglang.srt.utils.common import is_flashinfer_available
 
         if not is_flashinfer_available():
-            pytest.skip("FlashInfer is not available to SGLang here "
-                        "(not installed, or SGLANG_IS_FLASHINFER_AVAILABLE=false)")
+            pytest.skip(
+                "FlashInfer is not available to SGLang here (not installed, or SGLANG_IS_FLASHINFER_AVAILABLE=false)"
+            )
     return name
 
 
@@ -87,8 +88,9 @@ def gpu_pair(tmp_path_factory):
     """A tiny Llama target (hidden 256, 4 heads / 2 KV heads of 64) and its 5%-noise draft."""
     from support.tiny_models import build_pair
 
-    return build_pair(tmp_path_factory.mktemp("gpu_pair"), arch="llama", noise=0.05, hidden_size=256,
-                      num_heads=4, num_kv_heads=2)
+    return build_pair(
+        tmp_path_factory.mktemp("gpu_pair"), arch="llama", noise=0.05, hidden_size=256, num_heads=4, num_kv_heads=2
+    )
 
 
 @pytest.fixture(scope="module")
@@ -96,8 +98,10 @@ def hf_gpu_target(gpu_pair):
     """(tokenizer, model): the target in transformers, fp32 on CPU (the near-tie referee)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    return (AutoTokenizer.from_pretrained(gpu_pair[0]),
-            AutoModelForCausalLM.from_pretrained(gpu_pair[0], dtype=torch.float32).eval())
+    return (
+        AutoTokenizer.from_pretrained(gpu_pair[0]),
+        AutoModelForCausalLM.from_pretrained(gpu_pair[0], dtype=torch.float32).eval(),
+    )
 
 
 @pytest.fixture(scope="module")
@@ -118,14 +122,16 @@ def served(backend, gpu_pair) -> dict:
                 before = parse_totals(engine)
                 out[key] = engine.generate(BATCH_PROMPTS, params)
                 after = parse_totals(engine)
-                out[f"{key} passes"] = {k: after.get(k, 0) - before.get(k, 0)
-                                         for k in ("verify_passes", "graph_passes")}
+                out[f"{key} passes"] = {
+                    k: after.get(k, 0) - before.get(k, 0) for k in ("verify_passes", "graph_passes")
+                }
         finally:
             engine.shutdown()
 
     run("target-only", True, {}, {"target-only": greedy()})
-    run("graphs", True, parse_engine_kwargs(draft, JUDGED),
-        {"lossless": greedy(**LOSSLESS), "judged": greedy(**SCORES)})
+    run(
+        "graphs", True, parse_engine_kwargs(draft, JUDGED), {"lossless": greedy(**LOSSLESS), "judged": greedy(**SCORES)}
+    )
     run("eager", False, parse_engine_kwargs(draft, JUDGED), {"judged eager": greedy(**SCORES)})
     return out
 
@@ -190,7 +196,8 @@ def test_judged_under_cuda_graphs_equals_eager(served, backend):
         g_stats, e_stats = g["meta_info"]["parse"], e["meta_info"]["parse"]
         if dtype == "float32":
             assert {k: v for k, v in g_stats.items() if k != "probe_scores"} == {
-                k: v for k, v in e_stats.items() if k != "probe_scores"}
+                k: v for k, v in e_stats.items() if k != "probe_scores"
+            }
         for g_round, e_round in zip(g_stats["probe_scores"], e_stats["probe_scores"]):
             if g_round["draft"] != e_round["draft"]:
                 assert dtype != "float32"
@@ -220,8 +227,11 @@ def test_sampled_distribution_under_graphs(tmp_path_factory):
     target, draft = build_pair(tmp_path_factory.mktemp("sharp_gpu_pair"), noise=0.5, logit_scale=6.0,
                                hidden_size=256, num_heads=4, num_kv_heads=2)  # fmt: skip
     out = {}
-    runs = [("target_only", {}), ("target_only_rule", parse_engine_kwargs(draft, SERVER)),
-            ("rejection_rule", {**parse_engine_kwargs(draft, SERVER), "speculative_use_rejection_sampling": True})]
+    runs = [
+        ("target_only", {}),
+        ("target_only_rule", parse_engine_kwargs(draft, SERVER)),
+        ("rejection_rule", {**parse_engine_kwargs(draft, SERVER), "speculative_use_rejection_sampling": True}),
+    ]
     for source, spec in runs:
         engine = sglang.Engine(**cuda_engine_kwargs(target, "triton", graphs=True, random_seed=1, **spec))
         try:

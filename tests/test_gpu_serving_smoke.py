@@ -23,10 +23,25 @@ from conftest import load_benchmark
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "gpu_serving.py"
-SMOKE_MODES = {"target_only", "standalone", "parse_lossless", "parse_judge_accept", "parse_judge_reject",
-               "parse_likelihood"}
-REQUIRED = ("pair", "mode", "L", "batch", "tokens_per_s", "ratio_to_target_only", "tokens_per_round",
-            "graph_replayed", "equal_to_target_only")
+SMOKE_MODES = {
+    "target_only",
+    "standalone",
+    "parse_lossless",
+    "parse_judge_accept",
+    "parse_judge_reject",
+    "parse_likelihood",
+}
+REQUIRED = (
+    "pair",
+    "mode",
+    "L",
+    "batch",
+    "tokens_per_s",
+    "ratio_to_target_only",
+    "tokens_per_round",
+    "graph_replayed",
+    "equal_to_target_only",
+)
 
 
 gpu_serving = load_benchmark("gpu_serving")
@@ -36,8 +51,9 @@ def run_script(*args: str, timeout: int = 600) -> tuple[list[dict], float, str]:
     """The script's --json rows, its wall time and its stderr."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
     start = time.perf_counter()
-    proc = subprocess.run([sys.executable, str(SCRIPT), *args], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=timeout)
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
+    )
     seconds = time.perf_counter() - start
     assert proc.returncode == 0, proc.stderr[-4000:]
     return [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")], seconds, proc.stderr
@@ -102,9 +118,23 @@ def test_weightless_pair_served_by_the_dummy_loader(tmp_path):
     """config.json + a padded tokenizer, no weights: SGLang's dummy loader serves it, every id of
     the config's vocabulary decodes, and (same seeded dummy weights in both engines) PARSE
     lossless equals target-only."""
-    rows, _, _ = run_script("--cpu-smoke", "--json", "--pairs", "tiny-dummy", "--modes", "target_only",
-                            "parse_lossless", "--batches", "2", "--steps", "3", "--cache-dir", str(tmp_path),
-                            "--plot", str(tmp_path / "plot.png"))
+    rows, _, _ = run_script(
+        "--cpu-smoke",
+        "--json",
+        "--pairs",
+        "tiny-dummy",
+        "--modes",
+        "target_only",
+        "parse_lossless",
+        "--batches",
+        "2",
+        "--steps",
+        "3",
+        "--cache-dir",
+        str(tmp_path),
+        "--plot",
+        str(tmp_path / "plot.png"),
+    )
     assert {r["mode"] for r in rows} == {"target_only", "parse_lossless"}
     (lossless,) = [r for r in rows if r["mode"] == "parse_lossless"]
     assert lossless["equal_to_target_only"] is True and lossless["graph_replayed"] is True
@@ -125,11 +155,22 @@ def test_weightless_qwen3_8b_config_and_padded_tokenizer(tmp_path, cpu_runtime):
     shape = gpu_cost.QWEN3_8B
     gpu_serving.write_weightless_model(tmp_path, shape)
     assert sorted(p.name for p in tmp_path.iterdir()) == [
-        "chat_template.jinja", "config.json", "tokenizer.json", "tokenizer_config.json"]
+        "chat_template.jinja",
+        "config.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    ]
     config = AutoConfig.from_pretrained(tmp_path)
-    assert (config.hidden_size, config.num_hidden_layers, config.num_attention_heads, config.num_key_value_heads,
-            config.head_dim, config.intermediate_size, config.vocab_size, config.tie_word_embeddings) == (
-        4096, 36, 32, 8, 128, 12288, 151936, False)
+    assert (
+        config.hidden_size,
+        config.num_hidden_layers,
+        config.num_attention_heads,
+        config.num_key_value_heads,
+        config.head_dim,
+        config.intermediate_size,
+        config.vocab_size,
+        config.tie_word_embeddings,
+    ) == (4096, 36, 32, 8, 128, 12288, 151936, False)
     tokenizer = AutoTokenizer.from_pretrained(tmp_path)
     assert len(tokenizer) == 151936 and tokenizer.decode([151935]) == "<|pad_151935|>"
     model = ModelConfig(str(tmp_path))
@@ -137,9 +178,22 @@ def test_weightless_qwen3_8b_config_and_padded_tokenizer(tmp_path, cpu_runtime):
 
 
 def _row(mode, batch, round_ms, tokens_per_s, server_L=None, tokens_per_round=1.0, **extra):
-    row = dict(pair="p", mode=mode, batch=batch, round_ms=round_ms, tokens_per_s=tokens_per_s,
-               decode_tokens_per_s=tokens_per_s, server_L=server_L, L=server_L, tokens_per_round=tokens_per_round,
-               output_ids=[[1, 2]], context=1000, max_new_tokens=128, window_has_probes=False, graph_replayed=None)
+    row = dict(
+        pair="p",
+        mode=mode,
+        batch=batch,
+        round_ms=round_ms,
+        tokens_per_s=tokens_per_s,
+        decode_tokens_per_s=tokens_per_s,
+        server_L=server_L,
+        L=server_L,
+        tokens_per_round=tokens_per_round,
+        output_ids=[[1, 2]],
+        context=1000,
+        max_new_tokens=128,
+        window_has_probes=False,
+        graph_replayed=None,
+    )
     row.update(extra)
     return row
 
@@ -148,8 +202,9 @@ def test_derived_columns_and_the_draft_step_fit(tmp_path, capsys):
     """round = intercept + (L+1) * draft step over the lossless rows; verify(L) what is left;
     A_break = round / target step - 1; ratios against target-only at the same batch."""
     rows = [_row("target_only", 8, 10.0, 100.0), _row("draft_only", 8, 2.5, 300.0)]
-    rows += [_row("parse_lossless", 8, 12.0 + 2.0 * (L + 1), 50.0, server_L=L, tokens_per_round=3.0)
-             for L in (4, 8, 16)]
+    rows += [
+        _row("parse_lossless", 8, 12.0 + 2.0 * (L + 1), 50.0, server_L=L, tokens_per_round=3.0) for L in (4, 8, 16)
+    ]
     rows.append(_row("parse_judge_accept", 8, 80.0, 120.0, server_L=32, tokens_per_round=33.0, output_ids=[[9]]))
     gpu_serving.derive(rows)
     lossless = [r for r in rows if r["mode"] == "parse_lossless"]
@@ -180,41 +235,77 @@ def test_gpu_cost_rows_match_by_L_batch_and_nearest_context(tmp_path, capsys):
 
     lines = []
     for L in (4, 8):
-        gpu_cost.main(["--tiny", "--device", "cpu", "--json", "--contexts", "256", "1024", "--batches", "8",
-                       "--draft-len", str(L), "--probes", "2", "--suffix-len", "3", "--warmup", "0", "--repeats", "1"])
+        gpu_cost.main(
+            [
+                "--tiny",
+                "--device",
+                "cpu",
+                "--json",
+                "--contexts",
+                "256",
+                "1024",
+                "--batches",
+                "8",
+                "--draft-len",
+                str(L),
+                "--probes",
+                "2",
+                "--suffix-len",
+                "3",
+                "--warmup",
+                "0",
+                "--repeats",
+                "1",
+            ]
+        )
         lines.append(capsys.readouterr().out)
     path = tmp_path / "gpu_cost.jsonl"
     path.write_text("".join(lines))
     costs = gpu_serving.read_gpu_cost(str(path))
     assert set(costs) == {(L, P, 8) for L in (4, 8) for P in (256, 1024)}
-    rows = [_row("parse_lossless", 8, 1.0, 1.0, server_L=8, tokens_per_round=3.0, accepted_per_round=2.0),
-            _row("parse_judge_accept", 8, 1.0, 1.0, server_L=4, tokens_per_round=5.0, accepted_per_round=4.0,
-                 window_has_probes=True),
-            _row("parse_lossless", 1, 1.0, 1.0, server_L=8, accepted_per_round=0.0),  # no batch-1 run
-            _row("standalone", 8, 1.0, 1.0, server_L=3, accepted_per_round=1.0)]
+    rows = [
+        _row("parse_lossless", 8, 1.0, 1.0, server_L=8, tokens_per_round=3.0, accepted_per_round=2.0),
+        _row(
+            "parse_judge_accept",
+            8,
+            1.0,
+            1.0,
+            server_L=4,
+            tokens_per_round=5.0,
+            accepted_per_round=4.0,
+            window_has_probes=True,
+        ),
+        _row("parse_lossless", 1, 1.0, 1.0, server_L=8, accepted_per_round=0.0),  # no batch-1 run
+        _row("standalone", 8, 1.0, 1.0, server_L=3, accepted_per_round=1.0),
+    ]
     gpu_serving.add_gpu_cost(rows, costs)
     eager = {key: {name: ms[1] for name, ms in entry.items() if name != "capped"} for key, entry in costs.items()}
     c = eager[(8, 1024, 8)]  # context 1000 + 128 / 2 is nearest 1024; no CUDA: eager times
     assert rows[0]["predicted_ratio_gpu_cost"] == pytest.approx(
-        3 * c["target/decode"] / (c["draft/draft_loop"] + c["target/verify_prefill"]))
+        3 * c["target/decode"] / (c["draft/draft_loop"] + c["target/verify_prefill"])
+    )
     assert rows[0]["gpu_cost_match"] == "L=8 P=1024 batch=8 verify_prefill eager"
     c = eager[(4, 1024, 8)]
     assert rows[1]["predicted_ratio_gpu_cost"] == pytest.approx(
-        5 * c["target/decode"] / (c["draft/draft_loop"] + c["target/verify_parse"]))
+        5 * c["target/decode"] / (c["draft/draft_loop"] + c["target/verify_parse"])
+    )
     assert rows[2]["predicted_ratio_gpu_cost"] is None and rows[3]["predicted_ratio_gpu_cost"] is None
 
 
-@pytest.mark.parametrize("argv,message", [
-    (["--batches", "0"], "--batches=0 is invalid: allowed is an integer >= 1 or 'max'"),
-    (["--modes", "eagle"], "--modes=eagle is invalid: allowed is one of target_only, standalone"),
-    (["--pairs", "llama"], "--pairs=llama is invalid: allowed is one of qwen3-dummy, synthetic, tiny, tiny-dummy"),
-    (["--attention-backend", "fa4"], "--attention-backend=fa4 is invalid: allowed is one of triton, flashinfer"),
-    (["--sampling-backend", "x"], "--sampling-backend=x is invalid: allowed is one of pytorch, flashinfer"),
-    (["--steps", "0"], "--steps=0 is invalid: allowed is an integer in [1, 1024]"),
-    (["--max-new-tokens", "1"], "--max-new-tokens=1 is invalid: allowed is an integer in [2, "),
-    (["--likelihood-threshold", "2"], "--likelihood-threshold=2.0 is invalid: allowed is a number in [0, 1]"),
-    (["--gpu-cost", "/nonexistent/gpu_cost.jsonl"], "--gpu-cost=/nonexistent/gpu_cost.jsonl cannot be read"),
-])
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["--batches", "0"], "--batches=0 is invalid: allowed is an integer >= 1 or 'max'"),
+        (["--modes", "eagle"], "--modes=eagle is invalid: allowed is one of target_only, standalone"),
+        (["--pairs", "llama"], "--pairs=llama is invalid: allowed is one of qwen3-dummy, synthetic, tiny, tiny-dummy"),
+        (["--attention-backend", "fa4"], "--attention-backend=fa4 is invalid: allowed is one of triton, flashinfer"),
+        (["--sampling-backend", "x"], "--sampling-backend=x is invalid: allowed is one of pytorch, flashinfer"),
+        (["--steps", "0"], "--steps=0 is invalid: allowed is an integer in [1, 1024]"),
+        (["--max-new-tokens", "1"], "--max-new-tokens=1 is invalid: allowed is an integer in [2, "),
+        (["--likelihood-threshold", "2"], "--likelihood-threshold=2.0 is invalid: allowed is a number in [0, 1]"),
+        (["--gpu-cost", "/nonexistent/gpu_cost.jsonl"], "--gpu-cost=/nonexistent/gpu_cost.jsonl cannot be read"),
+    ],
+)
 def test_bad_values_are_refused_by_flag(argv, message, capsys):
     with pytest.raises(SystemExit):
         gpu_serving.parse_args(argv)

@@ -51,10 +51,7 @@ EXPECTED_SUFFIX = {
         "<|eot_id|><|start_header_id|>user<|end_header_id|>\n\n{q}<|eot_id|>"
         "<|start_header_id|>assistant<|end_header_id|>\n\n"
     ),
-    "qwen3": (
-        "<|im_end|>\n<|im_start|>user\n{q}<|im_end|>\n<|im_start|>assistant\n"
-        "<think>\n\n</think>\n\n"
-    ),
+    "qwen3": ("<|im_end|>\n<|im_start|>user\n{q}<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"),
     "plain": FALLBACK_SUFFIX.replace("{question}", "{q}"),
 }
 TEMPLATED = ["chatml", "llama3", "qwen3"]
@@ -87,9 +84,7 @@ def _render_with_question(tokenizer, response: str, question: str) -> str:
         {"role": "assistant", "content": response},
         {"role": "user", "content": question},
     ]
-    return tokenizer.apply_chat_template(
-        messages, tokenize=False, add_generation_prompt=True, enable_thinking=False
-    )
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, enable_thinking=False)
 
 
 @pytest.mark.parametrize("name", ["chatml", "llama3", "qwen3", "plain"])
@@ -99,9 +94,7 @@ def test_suffix_is_the_templates_turn_close_question_and_answer_opening(tokenize
     probe = build_judge_probe(tok, question)
     assert probe.question == question
     assert tok.decode(probe.suffix_ids) == EXPECTED_SUFFIX[name].format(q=question)
-    assert probe.suffix_ids == tuple(
-        tok.encode(EXPECTED_SUFFIX[name].format(q=question), add_special_tokens=False)
-    )
+    assert probe.suffix_ids == tuple(tok.encode(EXPECTED_SUFFIX[name].format(q=question), add_special_tokens=False))
 
 
 def test_llama3_suffix_carries_no_bos(tokenizers):

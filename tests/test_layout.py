@@ -7,8 +7,10 @@ import torch
 
 from parse_sglang.attention.layout import VerifyRequest, build_verify_layout, expand_qlen_only_mask
 
-# The DESIGN.md §1 example: L=6, boundaries (2, 4, 6), suffix of m=2; prefix_len 5.
-DIAGRAM = VerifyRequest(prefix_len=5, last_token=100, draft_ids=[11, 12, 13, 14, 15, 16], boundaries=[2, 4, 6], suffix_ids=[50, 51])
+# The docs/design.md §1 example: L=6, boundaries (2, 4, 6), suffix of m=2; prefix_len 5.
+DIAGRAM = VerifyRequest(
+    prefix_len=5, last_token=100, draft_ids=[11, 12, 13, 14, 15, 16], boundaries=[2, 4, 6], suffix_ids=[50, 51]
+)
 DIAGRAM_MASK = """
 1000000 00 00 00
 1100000 00 00 00

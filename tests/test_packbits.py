@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from parse_sglang.attention.layout import VerifyRequest, build_verify_layout
-from parse_sglang.attention.packbits import packbits, segment_packbits, unpack_segments, unpackbits
+from sglang_cpu.packbits import packbits, segment_packbits, unpack_segments, unpackbits
 
 
 @pytest.mark.parametrize("bitorder", ["little", "big"])

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from parse_sglang.attention.layout import VerifyRequest, build_verify_layout, expand_qlen_only_mask
-from parse_sglang.attention.paged import paged_prefill_attention
+from sglang_cpu.paged import paged_prefill_attention
 
 HQ, HK, D = 4, 2, 16
 
@@ -94,9 +94,7 @@ def test_causal_is_bottom_right_aligned_and_default_scale():
     masks = []
     for qo_len, kv_len in zip(layout.window_lens.tolist(), layout.seq_lens.tolist()):
         masks.append(torch.tensor([[j <= i + kv_len - qo_len for j in range(kv_len)] for i in range(qo_len)]))
-    ref = dense_reference(
-        q, k_cache, v_cache, layout.qo_indptr, layout.kv_indptr, layout.kv_indices, masks, D**-0.5
-    )
+    ref = dense_reference(q, k_cache, v_cache, layout.qo_indptr, layout.kv_indptr, layout.kv_indices, masks, D**-0.5)
     assert (out.double() - ref).abs().max().item() <= 1e-5
 
 
@@ -104,7 +102,14 @@ def test_no_mask_is_full_attention():
     layout, q, k_cache, v_cache = _random_batch(4)
     out = paged_prefill_attention(q, k_cache, v_cache, layout.qo_indptr, layout.kv_indptr, layout.kv_indices)
     ref = dense_reference(
-        q, k_cache, v_cache, layout.qo_indptr, layout.kv_indptr, layout.kv_indices, [None] * layout.num_requests, D**-0.5
+        q,
+        k_cache,
+        v_cache,
+        layout.qo_indptr,
+        layout.kv_indptr,
+        layout.kv_indices,
+        [None] * layout.num_requests,
+        D**-0.5,
     )
     assert (out.double() - ref).abs().max().item() <= 1e-5
 
@@ -112,9 +117,15 @@ def test_no_mask_is_full_attention():
 def test_half_precision_input_keeps_dtype():
     layout, q, k_cache, v_cache = _random_batch(5)
     args = (layout.qo_indptr, layout.kv_indptr, layout.kv_indices)
-    out = paged_prefill_attention(q.bfloat16(), k_cache.bfloat16(), v_cache.bfloat16(), *args, custom_mask=layout.mask_full)
+    out = paged_prefill_attention(
+        q.bfloat16(), k_cache.bfloat16(), v_cache.bfloat16(), *args, custom_mask=layout.mask_full
+    )
     ref = paged_prefill_attention(
-        q.bfloat16().float(), k_cache.bfloat16().float(), v_cache.bfloat16().float(), *args, custom_mask=layout.mask_full
+        q.bfloat16().float(),
+        k_cache.bfloat16().float(),
+        v_cache.bfloat16().float(),
+        *args,
+        custom_mask=layout.mask_full,
     )
     assert out.dtype == torch.bfloat16
     assert (out.float() - ref).abs().max().item() <= 2e-2

@@ -16,7 +16,7 @@ import torch
 from transformers import AttentionInterface, AutoModelForCausalLM
 
 from parse_sglang.attention.layout import VerifyRequest, build_verify_layout, expand_qlen_only_mask, indptr_of
-from parse_sglang.attention.paged import paged_prefill_attention
+from sglang_cpu.paged import paged_prefill_attention
 from support.tiny_models import build_model
 
 ATTN_NAME = "parse_paged_test"
@@ -37,7 +37,9 @@ class PagedBatch:
     causal: bool = False
 
 
-def paged_attention_forward(module, query, key, value, attention_mask, scaling=None, dropout=0.0, paged_batch=None, **kwargs):
+def paged_attention_forward(
+    module, query, key, value, attention_mask, scaling=None, dropout=0.0, paged_batch=None, **kwargs
+):
     """query [1, Hq, R, D], key/value [1, Hk, R, D] (post-RoPE) -> ([1, R, Hq, D], None)."""
     layer = module.layer_idx
     paged_batch.k_pool[layer][paged_batch.out_cache_loc] = key[0].transpose(0, 1)
@@ -92,7 +94,9 @@ def _random_round(seed, vocab):
 def _pool(model, num_slots):
     cfg = model.config
     shape = (num_slots, cfg.num_key_value_heads, cfg.head_dim)
-    return [torch.zeros(shape) for _ in range(cfg.num_hidden_layers)], [torch.zeros(shape) for _ in range(cfg.num_hidden_layers)]
+    return [torch.zeros(shape) for _ in range(cfg.num_hidden_layers)], [
+        torch.zeros(shape) for _ in range(cfg.num_hidden_layers)
+    ]
 
 
 @torch.no_grad()
@@ -113,7 +117,9 @@ def _verify_logits(paged, contexts, reqs, mask_form, seed):
         input_ids=torch.tensor([t for c, r in zip(contexts, reqs) for t in c[: r.prefix_len]])[None],
         position_ids=torch.cat([torch.arange(p) for p in prefix_lens.tolist()])[None],
         use_cache=False,
-        paged_batch=PagedBatch(k_pool, v_pool, prefill_slots, prefill_indptr, prefill_indptr, prefill_slots.int(), causal=True),
+        paged_batch=PagedBatch(
+            k_pool, v_pool, prefill_slots, prefill_indptr, prefill_indptr, prefill_slots.int(), causal=True
+        ),
     )
 
     layout = build_verify_layout(reqs, kv_slots=kv_slots)

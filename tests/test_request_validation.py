@@ -64,7 +64,8 @@ SERVED_OR_500_BY_STOCK_SGLANG = [
 
 
 @pytest.mark.parametrize(
-    "kwargs, message", [pytest.param(*case[1:], id=case[0]) for case in KILLED_STOCK_SGLANG + SERVED_OR_500_BY_STOCK_SGLANG]
+    "kwargs, message",
+    [pytest.param(*case[1:], id=case[0]) for case in KILLED_STOCK_SGLANG + SERVED_OR_500_BY_STOCK_SGLANG],
 )
 def test_refused_with_value_error_naming_the_field(engine, kwargs, message):
     kwargs = {"sampling_params": dict(GREEDY), **kwargs}

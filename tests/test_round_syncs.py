@@ -1,4 +1,4 @@
-"""DESIGN.md §9's budget for a round, counted in a real SGLang engine on CPU: per round at
+"""docs/gpu.md §9's budget for a round, counted in a real SGLang engine on CPU: per round at
 most one device-to-host read before the verify (the drafts), one host-to-device copy (the
 packed plan) and one device-to-host read after acceptance (the packed result).
 
@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from conftest import BATCH_PROMPTS
-from parse_sglang.demo import parse_engine_kwargs
+from parse_sglang.settings import parse_engine_kwargs
 from parse_sglang.settings import ParseConfig
 from support.sync_counter import SyncCounter
 
@@ -51,7 +51,9 @@ def test_counter_counts_what_would_sync_on_a_gpu():
 def serve_probed(engine_factory, tiny_pair, config: ParseConfig, params, out):
     """BATCH_PROMPTS served by a PARSE engine whose rounds the round probe records: (the
     outputs, the per-round records, the server's totals)."""
-    path = os.pathsep.join(filter(None, [os.path.join(ROOT, "support", "round_probe"), ROOT, os.environ.get("PYTHONPATH")]))
+    path = os.pathsep.join(
+        filter(None, [os.path.join(ROOT, "support", "round_probe"), ROOT, os.environ.get("PYTHONPATH")])
+    )
     with pytest.MonkeyPatch.context() as env:
         env.setenv("PARSE_ROUND_PROBE_OUT", str(out))
         env.setenv("PYTHONPATH", path)

@@ -1,5 +1,5 @@
-"""Unit tests of the torch sampling-verification ops (parse_sglang.cpu.sampling_ops) and of the
-patch that lets SGLang 0.5.23's `eagle_sample` use them on CPU (parse_sglang.cpu.sampling_patch).
+"""Unit tests of the torch sampling-verification ops (sglang_cpu.sampling_ops) and of the
+patch that lets SGLang 0.5.23's `eagle_sample` use them on CPU (sglang_cpu.sampling_patch).
 
 Each op is compared, for fixed coins, with a float64 reference written here as plain loops
 over Python lists from the rules of the GPU kernels (SGLang's speculative_sampling CUDA kernel,
@@ -22,7 +22,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from parse_sglang.cpu.sampling_ops import (
+from sglang_cpu.sampling_ops import (
     chain_speculative_sampling_triton,
     murmur_hash32,
     top_k_renorm_prob,
@@ -214,8 +214,19 @@ def run_tree_op(case, draft, depth, thr_single, thr_acc):
     accept_index = torch.full((bs, depth), -1, dtype=torch.int32)
     accept_num = torch.full((bs,), -1, dtype=torch.int32)
     tree_speculative_sampling_target_only(
-        predicts, accept_index, accept_num, case.cand, case.ridx, case.first_child, case.next_sibling,
-        case.coins, case.final_coins, case.target, draft, threshold_single=thr_single, threshold_acc=thr_acc,
+        predicts,
+        accept_index,
+        accept_num,
+        case.cand,
+        case.ridx,
+        case.first_child,
+        case.next_sibling,
+        case.coins,
+        case.final_coins,
+        case.target,
+        draft,
+        threshold_single=thr_single,
+        threshold_acc=thr_acc,
         deterministic=True,
     )
     return predicts, accept_index, accept_num
@@ -249,8 +260,16 @@ def test_tree_target_only_matches_reference(seed, chain, thresholds, draft_kind)
     depth = case.depth if seed % 3 else max(1, case.depth - 1)
     ref_draft = draft.tolist()
     ref_pred, ref_accept, ref_counts = ref_target_only(
-        case.cand.tolist(), case.ridx.tolist(), case.first_child.tolist(), case.next_sibling.tolist(),
-        case.coins.tolist(), case.final_coins.tolist(), case.target.tolist(), ref_draft, depth, *thresholds,
+        case.cand.tolist(),
+        case.ridx.tolist(),
+        case.first_child.tolist(),
+        case.next_sibling.tolist(),
+        case.coins.tolist(),
+        case.final_coins.tolist(),
+        case.target.tolist(),
+        ref_draft,
+        depth,
+        *thresholds,
     )
     predicts, accept_index, accept_num = run_tree_op(case, draft, depth, *thresholds)
     assert accept_num.tolist() == ref_counts
@@ -268,8 +287,10 @@ def test_tree_target_only_accepts_sibling_by_cumulative_mass():
     target[0, 0] = torch.tensor([0.25, 0.0, 0.5, 0.25], dtype=torch.float64)
     target[0, 3] = torch.tensor([0.0, 0.0, 0.0, 1.0], dtype=torch.float64)
     case = SimpleNamespace(
-        cand=torch.tensor([[3, 0, 1, 2]]), ridx=torch.tensor([[0, 1, 2, 3]]),
-        first_child=torch.tensor([[1, -1, -1, -1]]), next_sibling=torch.tensor([[-1, 2, 3, -1]]),
+        cand=torch.tensor([[3, 0, 1, 2]]),
+        ridx=torch.tensor([[0, 1, 2, 3]]),
+        first_child=torch.tensor([[1, -1, -1, -1]]),
+        next_sibling=torch.tensor([[-1, 2, 3, -1]]),
         coins=torch.tensor([[0.6, 0.0, 0.0, 0.0]], dtype=torch.float64),
         final_coins=torch.tensor([0.5], dtype=torch.float64),
         target=target,
@@ -286,9 +307,12 @@ def test_tree_target_only_rejects_all_and_samples_the_residual():
     row with the rejected tokens removed (mass 0.5 left on tokens 2 and 3)."""
     target = torch.tensor([[[0.3, 0.2, 0.4, 0.1], [0.25] * 4, [0.25] * 4]], dtype=torch.float64)
     case = SimpleNamespace(
-        cand=torch.tensor([[3, 0, 1]]), ridx=torch.tensor([[0, 1, 2]]),
-        first_child=torch.tensor([[1, -1, -1]]), next_sibling=torch.tensor([[-1, 2, -1]]),
-        coins=torch.tensor([[0.9, 0.0, 0.0]], dtype=torch.float64), target=target,
+        cand=torch.tensor([[3, 0, 1]]),
+        ridx=torch.tensor([[0, 1, 2]]),
+        first_child=torch.tensor([[1, -1, -1]]),
+        next_sibling=torch.tensor([[-1, 2, -1]]),
+        coins=torch.tensor([[0.9, 0.0, 0.0]], dtype=torch.float64),
+        target=target,
     )
     for final_coin, token in ((0.7, 2), (0.85, 3)):  # residual [0, 0, 0.4, 0.1]: u = 0.35 -> 2, u = 0.425 -> 3
         case.final_coins = torch.tensor([final_coin], dtype=torch.float64)
@@ -319,12 +343,20 @@ def test_tree_target_only_runs_in_float32_like_the_kernel():
 def test_verify_ops_name_the_bad_argument(change, message):
     bs, n, vocab = 2, 3, 8
     args = dict(
-        predicts=torch.zeros(bs * n, dtype=torch.int32), accept_index=torch.zeros(bs, n, dtype=torch.int32),
-        accept_token_num=torch.zeros(bs, dtype=torch.int32), candidates=torch.zeros(bs, n, dtype=torch.int64),
-        retrive_index=torch.arange(bs * n).view(bs, n), retrive_next_token=torch.full((bs, n), -1),
-        retrive_next_sibling=torch.full((bs, n), -1), uniform_samples=torch.rand(bs, n),
-        uniform_samples_for_final_sampling=torch.rand(bs), target_probs=torch.rand(bs, n, vocab),
-        draft_probs=torch.zeros(bs, n, vocab), threshold_single=1.0, threshold_acc=1.0, deterministic=True,
+        predicts=torch.zeros(bs * n, dtype=torch.int32),
+        accept_index=torch.zeros(bs, n, dtype=torch.int32),
+        accept_token_num=torch.zeros(bs, dtype=torch.int32),
+        candidates=torch.zeros(bs, n, dtype=torch.int64),
+        retrive_index=torch.arange(bs * n).view(bs, n),
+        retrive_next_token=torch.full((bs, n), -1),
+        retrive_next_sibling=torch.full((bs, n), -1),
+        uniform_samples=torch.rand(bs, n),
+        uniform_samples_for_final_sampling=torch.rand(bs),
+        target_probs=torch.rand(bs, n, vocab),
+        draft_probs=torch.zeros(bs, n, vocab),
+        threshold_single=1.0,
+        threshold_acc=1.0,
+        deterministic=True,
     )
     args.update(change)
     for op in (tree_speculative_sampling_target_only, chain_speculative_sampling_triton):
@@ -340,8 +372,11 @@ def chain_case(seed, bs, slots, vocab, draft_rows):
     some draft rows hold a value outside [0, 1] or NaN."""
     rng = random.Random(seed)
     g = torch.Generator().manual_seed(seed)
+
     def rows(count):
-        return torch.tensor([[random_dist(g, vocab, rng.randrange(3)).tolist() for _ in range(count)] for _ in range(bs)])
+        return torch.tensor(
+            [[random_dist(g, vocab, rng.randrange(3)).tolist() for _ in range(count)] for _ in range(bs)]
+        )
 
     target = rows(slots).double()
     draft = rows(draft_rows).view(bs, draft_rows, vocab).double()
@@ -354,7 +389,10 @@ def chain_case(seed, bs, slots, vocab, draft_rows):
         if draft_rows and rng.random() < 0.4:
             draft[b, rng.randrange(draft_rows), rng.randrange(vocab)] = rng.choice([-0.1, 1.5, float("nan")])
     return SimpleNamespace(
-        cand=cand, ridx=torch.randperm(bs * slots, generator=g).view(bs, slots), target=target, draft=draft,
+        cand=cand,
+        ridx=torch.randperm(bs * slots, generator=g).view(bs, slots),
+        target=target,
+        draft=draft,
         coins=torch.rand(bs, slots, generator=g, dtype=torch.float64),
         final_coins=torch.rand(bs, generator=g, dtype=torch.float64),
     )
@@ -367,8 +405,21 @@ def run_chain_op(case, block):
     accept_num = torch.full((bs,), -1, dtype=torch.int32)
     nothing = torch.full((bs, slots), -1)
     chain_speculative_sampling_triton(
-        predicts, accept_index, accept_num, case.cand, case.ridx, nothing, nothing, case.coins, case.final_coins,
-        case.target, case.draft, 1.0, 1.0, True, block_verification=block,
+        predicts,
+        accept_index,
+        accept_num,
+        case.cand,
+        case.ridx,
+        nothing,
+        nothing,
+        case.coins,
+        case.final_coins,
+        case.target,
+        case.draft,
+        1.0,
+        1.0,
+        True,
+        block_verification=block,
     )
     return predicts, accept_index, accept_num
 
@@ -380,8 +431,13 @@ def test_chain_sampling_matches_reference(seed, block, draft_rows):
     bs, slots, vocab = 1 + seed % 4, 1 + seed % 5, 10
     case = chain_case(seed, bs, slots, vocab, slots - 1 if draft_rows == "steps" else slots)
     ref_pred, ref_accept, ref_counts = ref_chain(
-        case.cand.tolist(), case.ridx.tolist(), case.coins.tolist(), case.final_coins.tolist(),
-        case.target.tolist(), case.draft.tolist(), block,
+        case.cand.tolist(),
+        case.ridx.tolist(),
+        case.coins.tolist(),
+        case.final_coins.tolist(),
+        case.target.tolist(),
+        case.draft.tolist(),
+        block,
     )
     predicts, accept_index, accept_num = run_chain_op(case, block)
     assert accept_num.tolist() == ref_counts
@@ -397,13 +453,22 @@ def test_final_draw_past_the_total_falls_back_like_each_kernel():
     coins = torch.tensor([[0.9, 0.9]], dtype=torch.float64)  # the draft (token 0) is rejected
     final = torch.tensor([1.0], dtype=torch.float64)
     tree = SimpleNamespace(
-        cand=torch.tensor([[1, 0]]), ridx=torch.tensor([[0, 1]]), first_child=torch.tensor([[1, -1]]),
-        next_sibling=torch.tensor([[-1, -1]]), coins=coins, final_coins=final, target=target,
+        cand=torch.tensor([[1, 0]]),
+        ridx=torch.tensor([[0, 1]]),
+        first_child=torch.tensor([[1, -1]]),
+        next_sibling=torch.tensor([[-1, -1]]),
+        coins=coins,
+        final_coins=final,
+        target=target,
     )
     predicts, _, accept_num = run_tree_op(tree, torch.zeros_like(target), depth=2, thr_single=1.0, thr_acc=1.0)
     assert accept_num.tolist() == [0] and predicts.tolist() == [2, SENTINEL]
     chain = SimpleNamespace(
-        cand=torch.tensor([[1, 0]]), ridx=torch.tensor([[0, 1]]), target=target, coins=coins, final_coins=final,
+        cand=torch.tensor([[1, 0]]),
+        ridx=torch.tensor([[0, 1]]),
+        target=target,
+        coins=coins,
+        final_coins=final,
         draft=torch.tensor([[[1.0, 0.0, 0.0, 0.0]]], dtype=torch.float64),
     )
     predicts, _, accept_num = run_chain_op(chain, block=False)
@@ -420,7 +485,10 @@ def test_block_verification_reuses_the_raw_residual_mass_as_normaliser():
     target = torch.tensor([[[0.5, 0.5, 0.0, 0.0], [0.25] * 4, [0.25] * 4]], dtype=torch.float64)
     draft = torch.tensor([[[0.1, 0.9, 0.0, 0.0], [0.9, 0.1, float("nan"), -0.5]]], dtype=torch.float64)
     case = SimpleNamespace(
-        cand=torch.tensor([[2, 1, 0]]), ridx=torch.tensor([[0, 1, 2]]), target=target, draft=draft,
+        cand=torch.tensor([[2, 1, 0]]),
+        ridx=torch.tensor([[0, 1, 2]]),
+        target=target,
+        draft=draft,
         coins=torch.tensor([[0.1, 0.9, 0.0]], dtype=torch.float64),
     )
     for final_coin, token in ((0.5, 3), (0.1, 2)):
@@ -531,10 +599,12 @@ def root_with_three_drafts(seed):
     target = torch.full((DRAWS, n, vocab), 1 / vocab, dtype=torch.float64)
     target[:, 0] = FIRST_ROW
     return SimpleNamespace(
-        cand=torch.tensor([0, 0, 3, 4]).repeat(DRAWS, 1), ridx=torch.arange(DRAWS * n).view(DRAWS, n),
+        cand=torch.tensor([0, 0, 3, 4]).repeat(DRAWS, 1),
+        ridx=torch.arange(DRAWS * n).view(DRAWS, n),
         first_child=torch.tensor([1, -1, -1, -1]).repeat(DRAWS, 1),
         next_sibling=torch.tensor([-1, 2, 3, -1]).repeat(DRAWS, 1),
-        target=target, coins=torch.rand(DRAWS, n, generator=g, dtype=torch.float64),
+        target=target,
+        coins=torch.rand(DRAWS, n, generator=g, dtype=torch.float64),
         final_coins=torch.rand(DRAWS, generator=g, dtype=torch.float64),
     )
 
@@ -549,7 +619,7 @@ def test_target_only_first_token_is_distributed_as_the_target():
     # residual (rejected drafts not excluded): drafted tokens are over-weighted, TV = 0.1875
     mass = torch.cumsum(FIRST_ROW[[0, 3, 4]], 0)
     accepted = (case.coins[:, :1] < mass).int().argmax(dim=1)
-    some = (case.coins[:, 0] < mass[-1])
+    some = case.coins[:, 0] < mass[-1]
     wrong_bonus = torch.searchsorted(torch.cumsum(FIRST_ROW, 0), case.final_coins, right=True).clamp(max=5)
     wrong = torch.where(some, torch.tensor([0, 3, 4])[accepted], wrong_bonus)
     assert total_variation(wrong, FIRST_ROW) > TV_BOUND
@@ -565,8 +635,11 @@ def test_chain_first_token_is_distributed_as_the_target(block):
     cand[:, 1] = torch.multinomial(draft_rows[0], DRAWS, replacement=True, generator=g)
     cand[:, 2] = torch.multinomial(draft_rows[1], DRAWS, replacement=True, generator=g)
     case = SimpleNamespace(
-        cand=cand, ridx=torch.arange(DRAWS * slots).view(DRAWS, slots), target=target_rows.expand(DRAWS, -1, -1),
-        draft=draft_rows.expand(DRAWS, -1, -1), coins=torch.rand(DRAWS, slots, generator=g, dtype=torch.float64),
+        cand=cand,
+        ridx=torch.arange(DRAWS * slots).view(DRAWS, slots),
+        target=target_rows.expand(DRAWS, -1, -1),
+        draft=draft_rows.expand(DRAWS, -1, -1),
+        coins=torch.rand(DRAWS, slots, generator=g, dtype=torch.float64),
         final_coins=torch.rand(DRAWS, generator=g, dtype=torch.float64),
     )
     predicts, _, _ = run_chain_op(case, block)
@@ -574,7 +647,7 @@ def test_chain_first_token_is_distributed_as_the_target(block):
     assert total_variation(first, FIRST_ROW) < TV_BOUND
 
     # negative control: rejection draws the bonus from the target row, not from relu(p - q)
-    keep = (case.coins[:, 0] * draft_rows[0, cand[:, 1]] < FIRST_ROW[cand[:, 1]])
+    keep = case.coins[:, 0] * draft_rows[0, cand[:, 1]] < FIRST_ROW[cand[:, 1]]
     wrong_bonus = torch.searchsorted(torch.cumsum(FIRST_ROW, 0), case.final_coins, right=True).clamp(max=vocab - 1)
     assert total_variation(torch.where(keep, cand[:, 1], wrong_bonus), FIRST_ROW) > TV_BOUND
 
@@ -586,15 +659,15 @@ def test_chain_first_token_is_distributed_as_the_target(block):
 def sglang_verify():
     """SGLang's eagle_utils with the patch installed and its hooks applied, inside a runtime
     context of SGLang's own (dummy model path, single TP rank) that the test's overrides change."""
-    import parse_sglang.cpu
+    import sglang_cpu
 
-    parse_sglang.cpu.enable()  # the sgl_kernel stand-in: seeded coins call its murmur_hash32_cpu
+    sglang_cpu.enable()  # the sgl_kernel stand-in: seeded coins call its murmur_hash32_cpu
     from sglang.srt.plugins.hook_registry import HookRegistry
     from sglang.srt.runtime_context import create_context, get_parallel, use_context
     from sglang.srt.server_args import ServerArgs
     from sglang.srt.speculative import eagle_utils
 
-    from parse_sglang.cpu import sampling_patch
+    from sglang_cpu import sampling_patch
 
     line = sampling_patch.install()
     assert sampling_patch.install() == line and "AROUND" in line
@@ -610,14 +683,26 @@ def sglang_batch(bs, vocab, temperature, top_k, top_p):
     from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
 
     info = SamplingBatchInfo(
-        temperatures=torch.full((bs, 1), temperature), top_ps=torch.full((bs,), top_p),
-        top_ks=torch.full((bs,), top_k, dtype=torch.int32), min_ps=torch.zeros(bs), is_all_greedy=False,
-        is_any_greedy=False, need_top_p_sampling=top_p < 1, need_top_k_sampling=top_k < vocab,
-        need_min_p_sampling=False, vocab_size=vocab, device="cpu", sampling_seed=torch.arange(bs) + 17,
+        temperatures=torch.full((bs, 1), temperature),
+        top_ps=torch.full((bs,), top_p),
+        top_ks=torch.full((bs,), top_k, dtype=torch.int32),
+        min_ps=torch.zeros(bs),
+        is_all_greedy=False,
+        is_any_greedy=False,
+        need_top_p_sampling=top_p < 1,
+        need_top_k_sampling=top_k < vocab,
+        need_min_p_sampling=False,
+        vocab_size=vocab,
+        device="cpu",
+        sampling_seed=torch.arange(bs) + 17,
     )
     seq_lens = torch.arange(bs) * 3 + 5
     return SimpleNamespace(
-        forward_mode=ForwardMode.TARGET_VERIFY, seq_lens=seq_lens, sampling_info=info, device="cpu", return_logprob=False
+        forward_mode=ForwardMode.TARGET_VERIFY,
+        seq_lens=seq_lens,
+        sampling_info=info,
+        device="cpu",
+        return_logprob=False,
     )
 
 
@@ -659,8 +744,10 @@ def test_eagle_sample_samples_on_cpu(sglang_verify, seed, mode, thresholds):
         sampling_seed=batch.sampling_info.sampling_seed, seq_lens=batch.seq_lens, draft_token_num=width, device="cpu"
     )
     settings = dict(
-        speculative_accept_threshold_single=thresholds[0], speculative_accept_threshold_acc=thresholds[1],
-        speculative_use_rejection_sampling=mode != "target_only", speculative_use_block_verification=mode == "block",
+        speculative_accept_threshold_single=thresholds[0],
+        speculative_accept_threshold_acc=thresholds[1],
+        speculative_use_rejection_sampling=mode != "target_only",
+        speculative_use_block_verification=mode == "block",
     )
     with get_spec().override(**settings):
         predict, accept_lens, accept_index = eagle_utils.eagle_sample(
@@ -671,14 +758,26 @@ def test_eagle_sample_samples_on_cpu(sglang_verify, seed, mode, thresholds):
     ridx = view.retrieve_index.tolist()
     if mode == "target_only":
         ref_pred, ref_accept, ref_counts = ref_target_only(
-            chain.tolist(), ridx, view.retrieve_next_token.tolist(), view.retrieve_next_sibling.tolist(),
-            coins.double().tolist(), final_coins.double().tolist(), rows,
-            [[[0.0] * vocab for _ in range(width)] for _ in range(bs)], width, *thresholds,
+            chain.tolist(),
+            ridx,
+            view.retrieve_next_token.tolist(),
+            view.retrieve_next_sibling.tolist(),
+            coins.double().tolist(),
+            final_coins.double().tolist(),
+            rows,
+            [[[0.0] * vocab for _ in range(width)] for _ in range(bs)],
+            width,
+            *thresholds,
         )
     else:
         ref_pred, ref_accept, ref_counts = ref_chain(
-            chain.tolist(), ridx, coins.double().tolist(), final_coins.double().tolist(), rows,
-            view.draft_probs.double().tolist(), block=mode == "block",
+            chain.tolist(),
+            ridx,
+            coins.double().tolist(),
+            final_coins.double().tolist(),
+            rows,
+            view.draft_probs.double().tolist(),
+            block=mode == "block",
         )
     assert accept_lens.tolist() == [c + 1 for c in ref_counts]
     assert accept_index.tolist() == ref_accept
@@ -695,7 +794,7 @@ def test_eagle_sample_samples_on_cpu(sglang_verify, seed, mode, thresholds):
 def test_patch_pins_sglang_and_matches_its_op_signatures(sglang_verify):
     """HOOKED_SIGNATURES hold for the installed SGLang, the torch ops take the GPU ops' parameters
     (names, kinds, defaults), and install() bound them in eagle_utils."""
-    from parse_sglang.cpu import sampling_patch
+    from sglang_cpu import sampling_patch
     from parse_sglang.plugin import check_signatures
 
     check_signatures(sampling_patch.HOOKED_SIGNATURES)
@@ -711,7 +810,7 @@ def test_patch_pins_sglang_and_matches_its_op_signatures(sglang_verify):
 
 
 def test_install_is_inert_outside_the_cpu_runtime(monkeypatch):
-    from parse_sglang.cpu import sampling_patch
+    from sglang_cpu import sampling_patch
 
     monkeypatch.delenv("SGLANG_USE_CPU_ENGINE", raising=False)
     assert sampling_patch.install().startswith("CPU sampling verification: not installed")

@@ -1,4 +1,4 @@
-"""SGLang tier: benchmarks/semantic.py on the synthetic trained pair (DESIGN.md §8), every row
+"""SGLang tier: benchmarks/semantic.py on the synthetic trained pair (docs/testing.md §4), every row
 from real engines (target-only, STANDALONE, one PARSE engine with per-request judge settings).
 
 What it asserts holds for any build of the pair (the trained weights differ between machines,
@@ -63,13 +63,16 @@ def test_nll_and_plot(rows, semantic, tmp_path):
     assert (tmp_path / "curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--num-steps", "0"], "--num-steps / --probe-stride: draft_budget=0 is invalid"),
-    (["--max-new-tokens", "0"], "--max-new-tokens=0 is invalid: allowed is an integer >= 1"),
-    (["--num-problems", "0"], "--num-problems=0 is invalid"),
-    (["--temperature", "-1"], "--temperature=-1.0 / --top-p=1.0 are invalid"),
-    (["--target", "T"], "--target, --draft and --prompts go together"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--num-steps", "0"], "--num-steps / --probe-stride: draft_budget=0 is invalid"),
+        (["--max-new-tokens", "0"], "--max-new-tokens=0 is invalid: allowed is an integer >= 1"),
+        (["--num-problems", "0"], "--num-problems=0 is invalid"),
+        (["--temperature", "-1"], "--temperature=-1.0 / --top-p=1.0 are invalid"),
+        (["--target", "T"], "--target, --draft and --prompts go together"),
+    ],
+)
 def test_bad_arguments_are_refused(semantic, capsys, argv, message):
     with pytest.raises(SystemExit) as exc:
         semantic.main(argv)

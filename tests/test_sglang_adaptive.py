@@ -13,7 +13,7 @@ import pytest
 
 from conftest import BATCH_PROMPTS, target_continuations
 from parse_sglang.adaptive import EXPLORE_SAMPLES, PROBE_OVERHEAD, CostTable, bucket
-from parse_sglang.demo import parse_engine_kwargs
+from parse_sglang.settings import parse_engine_kwargs
 from parse_sglang.profile_cost import main as profile_cost_main
 from parse_sglang.settings import ParseConfig
 from support.tiny_models import build_model
@@ -39,7 +39,10 @@ def target_greedy(hf_target):
 def drafts(tiny_pair, tmp_path_factory):
     """{"useless": a random-weight draft of the target's shape, "identical": the target's copy}."""
     root = tmp_path_factory.mktemp("adaptive_drafts")
-    return {"useless": build_model(root / "useless", seed=11), "identical": shutil.copytree(tiny_pair[0], root / "identical")}
+    return {
+        "useless": build_model(root / "useless", seed=11),
+        "identical": shutil.copytree(tiny_pair[0], root / "identical"),
+    }
 
 
 @pytest.fixture(scope="module")

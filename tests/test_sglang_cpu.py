@@ -26,9 +26,11 @@ def test_target_only_engine_matches_transformers_greedy(tiny_pair, target_only_o
     assert sum(map(len, target_only_outputs.output_ids)) > 2 * max_new  # real continuations, not instant EOS
 
 
-def test_plugin_entry_point_is_registered():
-    (ep,) = [ep for ep in entry_points(group="sglang.srt.plugins") if ep.name == "parse"]
-    assert ep.value == "parse_sglang.plugin:register"
+def test_plugin_entry_points_are_registered():
+    """The plug-in and the CPU runtime are two distributions, each with its entry point."""
+    values = {ep.name: ep.value for ep in entry_points(group="sglang.srt.plugins")}
+    assert values["parse"] == "parse_sglang.plugin:register"
+    assert values["sglang_cpu"] == "sglang_cpu.plugin:register"
 
 
 def test_register_installs_once_and_reports(cpu_runtime):
@@ -36,12 +38,16 @@ def test_register_installs_once_and_reports(cpu_runtime):
     from sglang.srt.speculative.draft_utils import DraftBackendFactory
 
     from parse_sglang.plugin import register
-    from parse_sglang.cpu.torch_native_verify import create_torch_native_spec_backend
+    from sglang_cpu.plugin import register as register_cpu
+    from sglang_cpu.torch_native_verify import create_torch_native_spec_backend
 
     first = register()
     assert register() is first
-    assert any("TorchNativeSpecAttnBackend" in line for line in first)
-    assert any("DraftBackendFactory._create_backend" in line for line in first)
+    assert not any("TorchNative" in line for line in first)  # the plug-in installs no CPU patch
+    cpu_lines = register_cpu()
+    assert register_cpu() is cpu_lines
+    assert any("TorchNativeSpecAttnBackend" in line for line in cpu_lines)
+    assert any("DraftBackendFactory._create_backend" in line for line in cpu_lines)
     assert ATTENTION_BACKENDS["torch_native"] is create_torch_native_spec_backend
     # HookRegistry wraps the method exactly once (AROUND hook around the original).
     wrapped = DraftBackendFactory._create_backend

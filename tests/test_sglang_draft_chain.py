@@ -10,11 +10,15 @@ import pytest
 
 from conftest import BATCH_PROMPTS, assert_drafts_are_draft_greedy
 from parse_sglang.settings import ParseConfig
-from parse_sglang.demo import parse_engine_kwargs
+from parse_sglang.settings import parse_engine_kwargs
 
 pytestmark = pytest.mark.sglang
 
-LOSSLESS = {"max_new_tokens": 24, "temperature": 0.0, "custom_params": {"parse": {"judge": False, "return_probe_scores": True}}}
+LOSSLESS = {
+    "max_new_tokens": 24,
+    "temperature": 0.0,
+    "custom_params": {"parse": {"judge": False, "return_probe_scores": True}},
+}
 
 
 @pytest.fixture(scope="module", params=[1, 16])
@@ -30,5 +34,3 @@ def test_eager_drafts_are_the_draft_models_greedy(chain_engine, hf_target, hf_dr
     prompts = BATCH_PROMPTS[:4]
     outs = chain_engine.generate(prompts, LOSSLESS)
     assert assert_drafts_are_draft_greedy(outs, [hf_target[0](p).input_ids for p in prompts], hf_draft) >= 4
-
-

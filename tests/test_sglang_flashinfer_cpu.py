@@ -1,7 +1,7 @@
 """SGLang's FlashInfer attention backend executed on CPU: SGLang's real backend Python, our torch kernels.
 
-`parse_sglang.cpu.enable_flashinfer_standin()` (opt-in) puts a torch stand-in of `flashinfer`
-on the import path, and the plugin then installs cpu/flashinfer_on_cpu.py in
+`sglang_cpu.enable_flashinfer_standin()` (opt-in) puts a torch stand-in of `flashinfer`
+on the import path, and the plugin then installs sglang_cpu/flashinfer_on_cpu.py in
 the processes that see it. Here:
 - units, no engine: the stand-in's wrappers against `paged_prefill_attention` and a float64
   softmax reference (custom mask, causal, decode, ragged + merge_state == one attention over
@@ -31,15 +31,16 @@ import numpy as np
 import pytest
 import torch
 
-import parse_sglang.cpu
+import parse_sglang
+import sglang_cpu
 from conftest import BATCH_PROMPTS, sglang_engine, standalone_kwargs, target_continuations
 from parse_sglang.attention.layout import indptr_of
-from parse_sglang.attention.packbits import segment_packbits as ours_segment_packbits
-from parse_sglang.attention.paged import paged_prefill_attention
+from sglang_cpu.packbits import segment_packbits as ours_segment_packbits
+from sglang_cpu.paged import paged_prefill_attention
 from parse_sglang.settings import ParseConfig
-from parse_sglang.cpu import flashinfer_ops as fi
-from parse_sglang.cpu import triton_ops
-from parse_sglang.demo import parse_engine_kwargs
+from sglang_cpu import flashinfer_ops as fi
+from sglang_cpu import triton_ops
+from parse_sglang.settings import parse_engine_kwargs
 from test_paged_attention import HK, HQ, D, _full_masks, _random_batch, dense_reference
 
 pytestmark = pytest.mark.sglang
@@ -147,8 +148,14 @@ def test_ragged_plus_paged_merged_equals_one_attention_over_both():
     o1, s1 = ragged.forward_return_lse(q, k_cache[new], v_cache[new], causal=True, sm_scale=0.3)
     paged = fi.BatchPrefillWithPagedKVCacheWrapper(WORKSPACE, "NHD")
     paged.begin_forward(
-        qo_indptr, indptr_of(torch.tensor(prefix_lens), torch.int32), torch.cat(prefix_slots),
-        torch.ones(3, dtype=torch.int32), HQ, HK, D, 1,
+        qo_indptr,
+        indptr_of(torch.tensor(prefix_lens), torch.int32),
+        torch.cat(prefix_slots),
+        torch.ones(3, dtype=torch.int32),
+        HQ,
+        HK,
+        D,
+        1,
     )
     o2, s2 = paged.forward_return_lse(q, (k_cache, v_cache), causal=False, sm_scale=0.3)
     assert torch.isinf(s2[qo_indptr[1] : qo_indptr[2]]).all()  # the request without a prefix: empty state
@@ -189,7 +196,12 @@ def test_packbits_have_flashinfer_defaults():
     assert fi.packbits(bits).tolist() == np.packbits(bits.numpy(), bitorder="big").tolist()
     indptr = torch.tensor([0, 9, 9, 21])
     packed, packed_indptr = fi.segment_packbits(bits, indptr, bitorder="little")
-    assert torch.equal(packed, ours_segment_packbits(bits, indptr, "little")[0]) and packed_indptr.tolist() == [0, 2, 2, 4]
+    assert torch.equal(packed, ours_segment_packbits(bits, indptr, "little")[0]) and packed_indptr.tolist() == [
+        0,
+        2,
+        2,
+        4,
+    ]
 
 
 @pytest.mark.parametrize(
@@ -226,8 +238,15 @@ def test_create_flashinfer_kv_indices_gathers_rows():
     assert out.tolist() == [121, 122, 123, 124, 100, 101, 102, 103, 104]
     mapping = torch.arange(200) * 2
     triton_ops.create_flashinfer_kv_indices_triton[(1, 4)](
-        table, torch.tensor([1]), torch.tensor([3]), torch.tensor([0, 3]), None, out, 10,
-        TOKEN_BLOCK_PARALLEL=True, token_mapping=mapping,
+        table,
+        torch.tensor([1]),
+        torch.tensor([3]),
+        torch.tensor([0, 3]),
+        None,
+        out,
+        10,
+        TOKEN_BLOCK_PARALLEL=True,
+        token_mapping=mapping,
     )
     assert out[:3].tolist() == [220, 222, 224]
 
@@ -238,12 +257,12 @@ def test_create_flashinfer_kv_indices_gathers_rows():
 @contextlib.contextmanager
 def flashinfer_standin():
     """The stand-in on the import path (and its patch undone, the path restored) for the block."""
-    if not parse_sglang.cpu.enable_flashinfer_standin().active:
+    if not sglang_cpu.enable_flashinfer_standin().active:
         pytest.skip("CUDA is available: the real FlashInfer runs there (tests/test_gpu_flashinfer.py)")
     try:
         yield
     finally:
-        parse_sglang.cpu.disable_flashinfer_standin()
+        sglang_cpu.disable_flashinfer_standin()
 
 
 @pytest.fixture
@@ -251,7 +270,7 @@ def multistep(tiny_pair, cpu_runtime):
     """(backend, pool, req_to_token) with SGLang's multi-step draft backend (topk 1, 4 steps) over
     real CPU pools, its runner a namespace with what the backend reads, in a private runtime context."""
     with flashinfer_standin():
-        from parse_sglang.cpu import flashinfer_on_cpu
+        from sglang_cpu import flashinfer_on_cpu
 
         flashinfer_on_cpu.install()
         from sglang.srt.layers.attention.flashinfer_backend import FlashInferMultiStepDraftBackend
@@ -264,24 +283,48 @@ def multistep(tiny_pair, cpu_runtime):
         with use_context(create_context(args, role="test")):
             req_to_token_pool = ReqToTokenPool(size=4, max_context_len=64, device="cpu", enable_memory_saver=False)
             pool = MHATokenToKVPool(
-                size=POOL_SLOTS, page_size=1, dtype=torch.float32, head_num=HK, head_dim=D, layer_num=1, device="cpu",
+                size=POOL_SLOTS,
+                page_size=1,
+                dtype=torch.float32,
+                head_num=HK,
+                head_dim=D,
+                layer_num=1,
+                device="cpu",
                 enable_memory_saver=False,
             )
             allocator = SimpleNamespace(get_kvcache=lambda: pool)
             model_config = SimpleNamespace(
-                num_attention_heads=HQ, context_len=64, head_dim=D, is_multimodal=False, is_encoder_decoder=False,
+                num_attention_heads=HQ,
+                context_len=64,
+                head_dim=D,
+                is_multimodal=False,
+                is_encoder_decoder=False,
                 hf_config=SimpleNamespace(architectures=["LlamaForCausalLM"]),
-                get_num_kv_heads=lambda tp, dcp=1: HK, get_max_num_attention_heads=lambda: HQ,
+                get_num_kv_heads=lambda tp, dcp=1: HK,
+                get_max_num_attention_heads=lambda: HQ,
             )
             runner = SimpleNamespace(
-                req_to_token_pool=req_to_token_pool, token_to_kv_pool=pool, token_to_kv_pool_allocator=allocator,
+                req_to_token_pool=req_to_token_pool,
+                token_to_kv_pool=pool,
+                token_to_kv_pool_allocator=allocator,
                 kv_index_translator=KVIndexTranslator(
-                    req_to_token=req_to_token_pool.req_to_token, token_to_kv_pool_allocator=allocator,
-                    token_to_kv_pool=pool, page_size=1, device="cpu", is_draft_worker=True,
+                    req_to_token=req_to_token_pool.req_to_token,
+                    token_to_kv_pool_allocator=allocator,
+                    token_to_kv_pool=pool,
+                    page_size=1,
+                    device="cpu",
+                    is_draft_worker=True,
                 ),
-                server_args=args, model_config=model_config, prefill_attention_backend_str="flashinfer",
-                decode_attention_backend_str="flashinfer", sliding_window_size=None, page_size=1, device="cpu",
-                dtype=torch.float32, kv_cache_dtype=torch.float32, is_draft_worker=True,
+                server_args=args,
+                model_config=model_config,
+                prefill_attention_backend_str="flashinfer",
+                decode_attention_backend_str="flashinfer",
+                sliding_window_size=None,
+                page_size=1,
+                device="cpu",
+                dtype=torch.float32,
+                kv_cache_dtype=torch.float32,
+                is_draft_worker=True,
                 spec_algorithm=SimpleNamespace(is_frozen_kv_mtp=lambda: False),
             )
             yield FlashInferMultiStepDraftBackend(runner, topk=1, speculative_num_steps=4), pool, req_to_token_pool
@@ -292,12 +335,21 @@ def _draft_batch(backend, rows, seq_lens):
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
     translator = backend.kv_index_translator
-    plan = KVLocPlan(source=translator, req_pool_indices=rows, seq_lens=seq_lens, seq_lens_cpu=seq_lens, write_virtual=None)
+    plan = KVLocPlan(
+        source=translator, req_pool_indices=rows, seq_lens=seq_lens, seq_lens_cpu=seq_lens, write_virtual=None
+    )
     return SimpleNamespace(
-        batch_size=len(rows), seq_lens_sum=int(seq_lens.sum()), kv_loc_plan=plan, req_pool_indices=rows,
-        seq_lens=seq_lens, seq_lens_cpu=seq_lens, positions=seq_lens.clone(), forward_mode=ForwardMode.DECODE,
+        batch_size=len(rows),
+        seq_lens_sum=int(seq_lens.sum()),
+        kv_loc_plan=plan,
+        req_pool_indices=rows,
+        seq_lens=seq_lens,
+        seq_lens_cpu=seq_lens,
+        positions=seq_lens.clone(),
+        forward_mode=ForwardMode.DECODE,
         spec_info=SimpleNamespace(is_draft_input=lambda: True, kv_indptr=None, kv_indices=None),
-        encoder_lens=None, out_cache_loc=None,
+        encoder_lens=None,
+        out_cache_loc=None,
     )
 
 
@@ -334,8 +386,14 @@ def test_multistep_draft_backend_reads_the_chain(multistep, fast_plan):
         q = torch.randn(3, HQ * D, generator=gen)
         out = step_backend.forward_decode(q, None, None, layer, None, save_kv_cache=False)
         ref = dense_reference(
-            q.view(3, HQ, D), pool.k_buffer[0], pool.v_buffer[0], torch.arange(4), torch.tensor(indptr),
-            torch.tensor(sum(expected, [])), [None] * 3, 0.25,
+            q.view(3, HQ, D),
+            pool.k_buffer[0],
+            pool.v_buffer[0],
+            torch.arange(4),
+            torch.tensor(indptr),
+            torch.tensor(sum(expected, [])),
+            [None] * 3,
+            0.25,
         )
         assert (out.view(3, HQ, D).double() - ref).abs().max() <= 1e-5
 
@@ -347,7 +405,7 @@ def test_standin_is_opt_in_and_reaches_children(tmp_path):
     code = textwrap.dedent(
         """
         import importlib, json, os, subprocess, sys
-        import parse_sglang.cpu as cpu
+        import sglang_cpu as cpu
         def child():
             probe = "import importlib.util as u; s = u.find_spec('flashinfer'); print(s.origin if s else None)"
             return subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True).stdout.strip()
@@ -355,7 +413,7 @@ def test_standin_is_opt_in_and_reaches_children(tmp_path):
         before = {"active": cpu.flashinfer_standin_active(), "child": child()}
         cpu.enable_flashinfer_standin()
         import flashinfer
-        from parse_sglang import plugin
+        from sglang_cpu import plugin
         lines = plugin.register()
         from sglang.srt.layers.attention import flashinfer_backend as fb
         on = {"active": cpu.flashinfer_standin_active(), "child": child(), "standin": flashinfer.PARSE_STANDIN,
@@ -374,10 +432,10 @@ def test_standin_is_opt_in_and_reaches_children(tmp_path):
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
-    standin_dir = parse_sglang.cpu.FLASHINFER_STANDIN_DIR
+    standin_dir = sglang_cpu.FLASHINFER_STANDIN_DIR
     assert out["before"] == {"active": False, "child": "None"}
     assert out["on"]["active"] and out["on"]["child"].startswith(standin_dir) and out["on"]["standin"]
-    assert out["on"]["patched"] and out["on"]["wrapper"] == "parse_sglang.cpu.flashinfer_ops"
+    assert out["on"]["patched"] and out["on"]["wrapper"] == "sglang_cpu.flashinfer_ops"
     assert out["on"]["skip_check"] == "1"
     assert out["after"] == {"active": False, "child": "None", "bound": False, "skip_check": None}
 
@@ -416,7 +474,9 @@ def target_greedy(hf_target):
 @pytest.fixture(scope="module")
 def target_only(tiny_pair, cpu_runtime, tmp_path_factory):
     return run_engine(
-        tiny_pair[0], lambda e: e.generate(BATCH_PROMPTS, GREEDY), flashinfer=True,
+        tiny_pair[0],
+        lambda e: e.generate(BATCH_PROMPTS, GREEDY),
+        flashinfer=True,
         trace_dir=tmp_path_factory.mktemp("fi_target_only"),
     )
 
@@ -424,8 +484,11 @@ def target_only(tiny_pair, cpu_runtime, tmp_path_factory):
 @pytest.fixture(scope="module")
 def lossless(tiny_pair, cpu_runtime, tmp_path_factory):
     return run_engine(
-        tiny_pair[0], lambda e: e.generate(BATCH_PROMPTS, GREEDY), flashinfer=True,
-        trace_dir=tmp_path_factory.mktemp("fi_lossless"), **parse_engine_kwargs(tiny_pair[1], LOSSLESS),
+        tiny_pair[0],
+        lambda e: e.generate(BATCH_PROMPTS, GREEDY),
+        flashinfer=True,
+        trace_dir=tmp_path_factory.mktemp("fi_lossless"),
+        **parse_engine_kwargs(tiny_pair[1], LOSSLESS),
     )
 
 
@@ -452,8 +515,12 @@ def standalone(tiny_pair, cpu_runtime, tmp_path_factory):
         return outs, engine.get_server_info()["internal_states"][0]
 
     return run_engine(
-        tiny_pair[0], requests, flashinfer=True, trace_dir=tmp_path_factory.mktemp("fi_standalone"),
-        decode_log_interval=1, **standalone_kwargs(tiny_pair[1]),
+        tiny_pair[0],
+        requests,
+        flashinfer=True,
+        trace_dir=tmp_path_factory.mktemp("fi_standalone"),
+        decode_log_interval=1,
+        **standalone_kwargs(tiny_pair[1]),
     )
 
 
@@ -523,7 +590,11 @@ def test_seeded_sampled_requests_are_reproducible(tiny_pair, cpu_runtime):
         return first, again
 
     (first, again), _ = run_engine(
-        tiny_pair[0], requests, flashinfer=True, enable_deterministic_inference=True, chunked_prefill_size=4096,
+        tiny_pair[0],
+        requests,
+        flashinfer=True,
+        enable_deterministic_inference=True,
+        chunked_prefill_size=4096,
         **parse_engine_kwargs(tiny_pair[1], JUDGED),
     )
     assert first[0]["output_ids"] == again[0]["output_ids"] and first[1]["output_ids"] == again[2]["output_ids"]

@@ -3,8 +3,8 @@
 One engine runs with decode graphs ON: SGLang's `DecodeCudaGraphRunner` captures PARSE's
 TARGET_VERIFY (fixed window, N_max rows, request-major logits rows, the PARSE capture input)
 and its `EAGLEDraftCudaGraphRunner` captures the whole draft chain, for batch sizes 1..16;
-graph capture/replay itself is the eager stand-in (`parse_sglang.cpu.graph_replay`), every
-runner around it is SGLang's GPU-path code (`cpu/cpu_graphs.py`). A second
+graph capture/replay itself is the eager stand-in (`sglang_cpu.graph_replay`), every
+runner around it is SGLang's GPU-path code (`sglang_cpu/cpu_graphs.py`). A second
 engine runs the same settings eagerly with the variable window. Batches of 11 requests are
 padded to the captured 16, and shrink (and pad) as requests finish.
 """
@@ -16,8 +16,8 @@ import torch
 
 from conftest import BATCH_PROMPTS, assert_drafts_are_draft_greedy, hf_greedy
 from parse_sglang.settings import ParseConfig
-from parse_sglang.cpu import CPU_GRAPHS_ENV
-from parse_sglang.demo import parse_engine_kwargs
+from sglang_cpu import CPU_GRAPHS_ENV
+from parse_sglang.settings import parse_engine_kwargs
 
 pytestmark = pytest.mark.sglang
 
@@ -109,7 +109,7 @@ def test_drafts_are_the_draft_models_greedy(graphs_engine, hf_target, hf_draft):
 
 
 def test_graph_reservations_of_the_design_example():
-    """Qwen3-8B target, context 40,960, max_bs 48, N_max 125 (L=32, K=4, m=23): DESIGN.md §7's
+    """Qwen3-8B target, context 40,960, max_bs 48, N_max 125 (L=32, K=4, m=23): docs/gpu.md §7's
     figures (FlashInfer KV indices ~983 MB at N_max, mask ~246 MB, logits 3.6 GB unpruned),
     plus the chain-only verify graph's KV indices (33 rows), with the logits buffer cut to the
     37 rows PARSE reads per request."""

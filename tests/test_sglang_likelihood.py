@@ -1,4 +1,4 @@
-"""SGLang tier: PARSE's likelihood judge (judge_mode "likelihood", DESIGN.md §8).
+"""SGLang tier: PARSE's likelihood judge (judge_mode "likelihood", docs/testing.md §4).
 
 A server in likelihood mode reserves no probe rows (its verify window is the L + 1 chain
 rows) and accepts the longest boundary-ending prefix whose draft tokens each have target
@@ -15,7 +15,7 @@ import pytest
 
 from conftest import BATCH_PROMPTS, hf_greedy
 from parse_sglang.settings import ParseConfig
-from parse_sglang.demo import parse_engine_kwargs
+from parse_sglang.settings import parse_engine_kwargs
 
 pytestmark = pytest.mark.sglang
 
@@ -68,7 +68,7 @@ def test_window_is_the_chain_rows_and_judged_tokens_are_likely(likelihood_engine
 
 
 def test_likelihood_rounds_equal_reference(likelihood_engine, hf_target, hf_draft):
-    from parse_sglang.reference import ParseGenerator
+    from support.reference import ParseGenerator
 
     tokenizer, target = hf_target
     reference = ParseGenerator(target, hf_draft, tokenizer, LIKELIHOOD)
@@ -93,7 +93,9 @@ def test_threshold_one_is_lossless(likelihood_engine, hf_target):
 
 
 def test_probe_requests_are_refused_by_a_likelihood_server(likelihood_engine):
-    with pytest.raises(ValueError, match=r"judge_mode='probe' is invalid: the server's verify window has no probe rows"):
+    with pytest.raises(
+        ValueError, match=r"judge_mode='probe' is invalid: the server's verify window has no probe rows"
+    ):
         likelihood_engine.generate(BATCH_PROMPTS[0], params(judge_mode="probe"))
     assert likelihood_engine.generate(BATCH_PROMPTS[0], params())["meta_info"]["parse"]["rounds"] > 0
 
@@ -101,7 +103,7 @@ def test_probe_requests_are_refused_by_a_likelihood_server(likelihood_engine):
 def test_both_mode_needs_probe_and_likelihood(tiny_pair, engine_factory, hf_target, hf_draft):
     """judge_mode "both" on a probe server: a prefix passes only if both judges pass it; the
     reference agrees token for token, and it accepts no more than either judge alone."""
-    from parse_sglang.reference import ParseGenerator
+    from support.reference import ParseGenerator
 
     both = dataclasses.replace(LIKELIHOOD, judge_mode="both", threshold=0.3)
     tokenizer, target = hf_target

@@ -7,7 +7,7 @@ Two engines per module on the tiny fp32 pair (draft = target + 5% weight noise):
 - judged: the judge on with τ = 0 and a probe every 2 draft tokens, L = 6; requests
   change τ, the judge and the after-rejection policy per request
   (`custom_params={"parse": {...}}`), and the reference implementation
-  (parse_sglang.reference, Hugging Face) must reproduce them token for token, down to
+  (support.reference, Hugging Face) must reproduce them token for token, down to
   every judge score.
 Responses carry `meta_info["parse"]` (per-request counters) and `get_server_info()` the
 server's PARSE totals.
@@ -24,7 +24,7 @@ import torch
 
 from conftest import BATCH_PROMPTS, PROMPTS, engine_kwargs, target_continuations
 from parse_sglang.settings import ParseConfig
-from parse_sglang.demo import parse_engine_kwargs
+from parse_sglang.settings import parse_engine_kwargs
 from parse_sglang.counters import COUNTERS
 
 pytestmark = pytest.mark.sglang
@@ -236,7 +236,7 @@ def test_judged_rounds_equal_reference(judged_engine, hf_target, hf_draft, after
     """τ = 0.3 (per request) rejects some probes and accepts others; the Hugging Face
     reference of the same rounds, started from SGLang's state after prefill (prompt plus the
     target's first token), must emit the same tokens, with either policy after a rejection."""
-    from parse_sglang.reference import ParseGenerator
+    from support.reference import ParseGenerator
 
     tokenizer, target = hf_target
     draft = hf_draft
@@ -265,7 +265,7 @@ def test_judge_scores_equal_reference(judged_engine, hf_target):
     Face reference's `parallel_verify` + `judge_scores` on the same committed context, draft
     and boundaries within 1e-3."""
     from parse_sglang.judge import build_judge_probe, judge_scores
-    from parse_sglang.reference import parallel_verify
+    from support.reference import parallel_verify
 
     tokenizer, target = hf_target
     probe = build_judge_probe(tokenizer, ParseConfig().judge_question)
@@ -380,12 +380,18 @@ def test_bad_request_settings_are_refused_by_name(judged_engine):
         ({"pp_size": 2}, "--pp-size=2: allowed is 1"),
         ({"enable_lora": True}, r"--enable-lora=True: allowed is off"),
         ({"speculative_eagle_topk": 2}, r"--speculative-eagle-topk=2: allowed is 1 \(a chain\)"),
-        ({"speculative_num_draft_tokens": 3}, r"--speculative-num-draft-tokens=3: allowed is --speculative-num-steps \+ 1"),
+        (
+            {"speculative_num_draft_tokens": 3},
+            r"--speculative-num-draft-tokens=3: allowed is --speculative-num-steps \+ 1",
+        ),
         ({"speculative_accept_threshold_acc": 0.5}, "--speculative-accept-threshold-acc=0.5: allowed is 1.0"),
         ({"skip_tokenizer_init": True}, r"--skip-tokenizer-init=True: allowed is off \(the judge reads text\)"),
         ({"enable_return_hidden_states": True}, "--enable-return-hidden-states=True: allowed is off"),
         ({"enable_hierarchical_cache": True}, "--enable-hierarchical-cache=True: allowed is off"),
-        ({"speculative_adaptive": True}, r"--speculative-adaptive=True: allowed is off \(EAGLE's\); PARSE's adaptive draft length is --parse-config"),
+        (
+            {"speculative_adaptive": True},
+            r"--speculative-adaptive=True: allowed is off \(EAGLE's\); PARSE's adaptive draft length is --parse-config",
+        ),
         ({"speculative_accept_threshold_single": 0.5}, "judge threshold τ is --parse-config"),
         ({"parse_config": {"tier0_steps": 2}}, r"--parse-config tier0_steps=2: allowed is unset unless \"adaptive\""),
         ({"parse_config": {"cost_table": "c.json"}}, r"--parse-config cost_table='c.json': allowed is unset unless"),
@@ -446,6 +452,27 @@ def test_server_settings_merge_cli_json_and_num_steps():
     assert server_parse_config(_Args({"draft_budget": 9}), num_steps=None).draft_budget == 9
     with pytest.raises(ValueError, match="not valid JSON"):
         server_parse_config(_Args("{threshold: 1}"), num_steps=None)
+
+
+def test_server_settings_are_parsed_once_per_process(monkeypatch):
+    """Every request reads the server's settings (scheduler_patches/request_settings.py): the same
+    settings and L give the same parsed object, other settings or L another, a refusal every time."""
+    from parse_sglang import settings
+
+    parsed = []
+    real = settings._parse_server_config
+    monkeypatch.setattr(settings, "_parse_server_config", lambda raw, n: parsed.append(raw) or real(raw, n))
+    monkeypatch.setattr(settings, "_server_configs", {})
+    first = settings.server_parse_config(_Args('{"threshold": 0.25}'), num_steps=6)
+    assert settings.server_parse_config(_Args('{"threshold": 0.25}'), num_steps=6) is first
+    assert settings.server_parse_config(_Args({"threshold": 0.25}), num_steps=6) is first  # Engine(parse_config=)
+    assert settings.server_parse_config(_Args({"threshold": 0.5}), num_steps=6).threshold == 0.5
+    assert settings.server_parse_config(_Args('{"threshold": 0.25}'), num_steps=7).draft_budget == 7
+    assert len(parsed) == 3
+    for _ in range(2):
+        with pytest.raises(ValueError, match="threshold=2 is invalid"):
+            settings.server_parse_config(_Args('{"threshold": 2}'), num_steps=6)
+    assert len(parsed) == 5
 
 
 def test_request_settings_may_only_narrow_the_server_window():

@@ -1,6 +1,6 @@
 """SGLang tier, HTTP, PARSE: what a user of `--speculative-algorithm PARSE` does to a server.
 
-One real server (`python -m parse_sglang.launch_server`, 127.0.0.1) serves the tiny fp32
+One real server (`python -m sglang_cpu.launch_server`, 127.0.0.1) serves the tiny fp32
 pair with PARSE, judge off, L = 4: the lossless mode, so every greedy output must equal the
 target's own greedy continuation (computed here with transformers, one prompt at a time).
 SGLang's memory checks are strict: every busy iteration logs and asserts the KV pool balance

@@ -25,7 +25,7 @@ import pytest
 import torch
 
 from conftest import BATCH_PROMPTS, hf_greedy
-from parse_sglang.demo import parse_engine_kwargs
+from parse_sglang.settings import parse_engine_kwargs
 from parse_sglang.settings import ParseConfig
 from support.tiny_models import build_pair
 
@@ -57,7 +57,9 @@ def homogeneity(a: list, b: list) -> tuple[float, float]:
         cells.append(rest)
     stat = sum((x * math.sqrt(nb / na) - y * math.sqrt(na / nb)) ** 2 / (x + y) for x, y in cells)
     dof = len(cells) - 1
-    p_value = float(torch.special.gammaincc(torch.tensor(dof / 2, dtype=torch.float64), torch.tensor(stat / 2, dtype=torch.float64)))
+    p_value = float(
+        torch.special.gammaincc(torch.tensor(dof / 2, dtype=torch.float64), torch.tensor(stat / 2, dtype=torch.float64))
+    )
     tv = 0.5 * sum(abs(ca[k] / na - cb[k] / nb) for k in ca.keys() | cb.keys())
     return p_value, tv
 
@@ -117,7 +119,9 @@ def test_lossless_sampling_keeps_the_target_distribution(samples, rule):
         reference = out["target_only", name]
         for what, pick in (("first PARSE token", lambda o: o[1]), ("whole output", lambda o: o)):
             report[rule, name, what] = homogeneity([pick(o) for o in out[rule, name]], [pick(o) for o in reference])
-            report["biased", name, what] = homogeneity([pick(o) for o in out["biased", name]], [pick(o) for o in reference])
+            report["biased", name, what] = homogeneity(
+                [pick(o) for o in out["biased", name]], [pick(o) for o in reference]
+            )
     print("\n" + "\n".join(f"{key}: p={p:.3g}, TV={tv:.3f}" for key, (p, tv) in report.items()))
     for (source, name, what), (p_value, _) in report.items():
         if source == rule:
@@ -140,7 +144,10 @@ def test_judged_samples_of_one_prompt_differ(sharp_pair, engine_factory):
     with engine_factory(target, random_seed=3, **parse_engine_kwargs(draft, SERVER)) as engine:
         outs = engine.generate([PROMPT] * n, judged)
         reference = engine.generate([PROMPT] * n, {**sampling, "custom_params": {"parse": LOSSLESS}})
-    distinct, distinct_reference = len({tuple(o["output_ids"]) for o in outs}), len({tuple(o["output_ids"]) for o in reference})
+    distinct, distinct_reference = (
+        len({tuple(o["output_ids"]) for o in outs}),
+        len({tuple(o["output_ids"]) for o in reference}),
+    )
     assert distinct >= min(distinct_reference, n) * 2 / 3 and distinct > n // 2, (distinct, distinct_reference)
     spans = collections.defaultdict(list)
     for out in outs:
@@ -163,6 +170,8 @@ def test_low_temperature_sampling_is_the_target_greedy(tiny_pair, engine_factory
     for extra in ({}, {"speculative_use_rejection_sampling": True}):
         with engine_factory(tiny_pair[0], **parse_engine_kwargs(tiny_pair[1], SERVER), **extra) as engine:
             lossless = {"custom_params": {"parse": LOSSLESS}}
-            outs = engine.generate(prompts * 2, [{**cold, **lossless}] * len(prompts) + [{**greedy, **lossless}] * len(prompts))
+            outs = engine.generate(
+                prompts * 2, [{**cold, **lossless}] * len(prompts) + [{**greedy, **lossless}] * len(prompts)
+            )
         assert [o["output_ids"] for o in outs] == expected * 2, extra
         assert sum(o["meta_info"]["parse"]["accepted_exact"] for o in outs[: len(prompts)]) > 0

@@ -1,4 +1,4 @@
-"""SGLang tier, HTTP: `python -m parse_sglang.launch_server` serving STANDALONE on CPU.
+"""SGLang tier, HTTP: `python -m sglang_cpu.launch_server` serving STANDALONE on CPU.
 
 The server is started from a clean environment (no CPU runtime inherited from this test
 process), so the launcher itself must enable it. SGLang's per-iteration memory check is
@@ -31,8 +31,10 @@ def server(tiny_pair, tmp_path_factory, target_only_outputs, standalone_settings
 
 def test_launcher_enabled_the_cpu_runtime_and_loaded_the_plugin(server):
     log = server.log()
-    assert "parse_sglang.cpu: enabled (no CUDA device): SGLANG_USE_CPU_ENGINE=1" in log
-    assert "parse-sglang plugin installed: attention backend \"torch_native\" -> TorchNativeSpecAttnBackend" in log
+    assert "sglang_cpu: enabled (no CUDA device): SGLANG_USE_CPU_ENGINE=1" in log
+    # Two distributions, two entry points: the CPU runtime's patches, and the plug-in's.
+    assert 'sglang_cpu plugin installed: attention backend "torch_native" -> TorchNativeSpecAttnBackend' in log
+    assert "parse-sglang plugin installed: speculative algorithm PARSE" in log
 
 
 def test_generate_matches_target_only(server, target_only_outputs):

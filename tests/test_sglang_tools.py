@@ -37,7 +37,7 @@ from http_server import clean_env, launched_server
 
 from parse_sglang.settings import ParseConfig
 from parse_sglang.counters import COUNTERS, TOTALS
-from parse_sglang.demo import parse_engine_kwargs
+from parse_sglang.settings import parse_engine_kwargs
 
 pytestmark = pytest.mark.sglang
 
@@ -56,20 +56,24 @@ PARSE_LINE = re.compile(
 RESULT_LINE = re.compile(r"^(Successful requests|Total generated tokens|Accept length):\s+(\S+)", re.M)
 
 
-HOOK_CHECK = "import sys; print('parse_sglang_startup' in sys.modules); import parse_sglang; print(parse_sglang.__file__)"
+HOOK_CHECK = (
+    "import sys; print('parse_sglang_startup' in sys.modules); import parse_sglang; print(parse_sglang.__file__)"
+)
 
 
 @pytest.fixture(scope="module")
 def hook_python(tmp_path_factory) -> str:
     """A Python with this checkout installed in editable mode, start-up hook included."""
     venv = tmp_path_factory.mktemp("hook_venv")
-    check = subprocess.run([sys.executable, "-c", HOOK_CHECK], cwd=venv, env=clean_env(), capture_output=True, text=True)
+    check = subprocess.run(
+        [sys.executable, "-c", HOOK_CHECK], cwd=venv, env=clean_env(), capture_output=True, text=True
+    )
     if check.stdout.split() == ["True", str(REPO / "parse_sglang" / "__init__.py")]:
         return sys.executable
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", "--system-site-packages", str(venv)], check=True)
     python = str(venv / "bin" / "python")
     install = [python, "-m", "pip", "install", "--disable-pip-version-check", "-q", "--no-deps",
-               "--no-build-isolation", "--no-index", "-e", str(REPO)]  # fmt: skip
+               "--no-build-isolation", "--no-index", "-e", str(REPO), "-e", str(REPO / "cpu_runtime")]  # fmt: skip
     subprocess.run(install, check=True, capture_output=True, timeout=TIMEOUT)
     return python
 
@@ -134,17 +138,26 @@ def test_fresh_interpreter_resolves_parse_without_load_plugins(hook_python, tiny
     assert resolved["plugins_loaded"] is False
     assert resolved["half_imported_targets"] == []  # nothing but server arguments was imported for PARSE
 
-    # The hook itself imports nothing at start-up.
-    ours = "import sys; print(sorted({m.split('.')[0] for m in sys.modules} & {'sglang', 'parse_sglang', 'parse_sglang_startup', 'torch'}))"
-    assert run_tool(hook_python, ["-c", ours], tmp_path).strip().splitlines()[-1] == "['parse_sglang_startup']"
-
+    # The hooks (the plug-in's and the CPU runtime's) import nothing else at start-up.
+    ours = (
+        "import sys; print(sorted({m.split('.')[0] for m in sys.modules} & "
+        "{'sglang', 'parse_sglang', 'parse_sglang_startup', 'sglang_cpu', 'sglang_cpu_startup', 'torch'}))"
+    )
+    last = run_tool(hook_python, ["-c", ours], tmp_path).strip().splitlines()[-1]
+    assert last == "['parse_sglang_startup', 'sglang_cpu_startup']"
 
 
 # ----- python -m sglang.benchmark.offline_throughput --------------------------------------
 
 
 def test_offline_throughput_reports_parse(hook_python, tiny_pair, tmp_path):
-    args = ["-m", "sglang.benchmark.offline_throughput", *cpu_flags(*tiny_pair), *random_dataset_flags(), "--skip-warmup"]
+    args = [
+        "-m",
+        "sglang.benchmark.offline_throughput",
+        *cpu_flags(*tiny_pair),
+        *random_dataset_flags(),
+        "--skip-warmup",
+    ]
     out = run_tool(hook_python, args, tmp_path)
     table = result_table(out)
     assert table["Successful requests"] == NUM_PROMPTS
@@ -250,7 +263,9 @@ def test_metrics_carry_parse_counters(server):
 
 def test_stream_last_chunk_carries_parse_counters(server):
     payload = {"text": "The sun and the moon and the", "sampling_params": {"max_new_tokens": 24, "temperature": 0.0}}
-    with requests.post(server.url + "/generate", json={**payload, "stream": True}, stream=True, timeout=TIMEOUT) as reply:
+    with requests.post(
+        server.url + "/generate", json={**payload, "stream": True}, stream=True, timeout=TIMEOUT
+    ) as reply:
         assert reply.status_code == 200
         chunks = [json.loads(line[len(b"data: ") :]) for line in reply.iter_lines()
                   if line.startswith(b"data: ") and line != b"data: [DONE]"]  # fmt: skip

@@ -30,7 +30,7 @@ import torch
 
 from conftest import PROMPTS, hf_greedy, sglang_engine
 from parse_sglang.settings import ParseConfig
-from parse_sglang.demo import parse_engine_kwargs
+from parse_sglang.settings import parse_engine_kwargs
 from parse_sglang.tp_sync import FAULT_ENV, TpSync, broadcast_packed
 
 # Eight prompts of different lengths, one concurrent batch.
@@ -217,23 +217,31 @@ def test_every_rank_gets_rank0s_plan_and_decisions(tmp_path, fault):
     results = _two_ranks(tmp_path, fault)
     (same0, plan0, acc0), (same1, plan1, acc1) = results[0], results[1]
     assert same0 and not same1  # rank 0 keeps its own objects; rank 1 takes rank 0's values
-    assert plan1 == plan0 == {
-        "drafts": (torch.int64, [[5, 6, 7], [8, 9, 10]]),
-        "draft_lens": (torch.int64, [3, 2]),
-        "phase_limits": (torch.int64, [3, 3]),
-        "judged": (torch.bool, [True, True]),
-        "probed": (torch.bool, [True, True]),
-        "likelihood": (torch.bool, [False, False]),
-        "sampled": (torch.bool, [False, False]),
-        "thresholds": (torch.float32, [0.30000001192092896, 0.5]),  # float32 bits travel exactly
-        "likelihood_thresholds": (torch.float32, [0.25, 0.5]),
-        "bounds": (torch.int64, [[2, 3, 0], [2, 0, 0]]),
-    }
-    assert acc1 == acc0 == {
-        "emitted": (torch.int64, [[1, 2, 3], [4, 5, 6]]),
-        "lengths": (torch.int64, [2, 1]),
-        "exact_tokens": (torch.int64, [1, 0]),
-    }
+    assert (
+        plan1
+        == plan0
+        == {
+            "drafts": (torch.int64, [[5, 6, 7], [8, 9, 10]]),
+            "draft_lens": (torch.int64, [3, 2]),
+            "phase_limits": (torch.int64, [3, 3]),
+            "judged": (torch.bool, [True, True]),
+            "probed": (torch.bool, [True, True]),
+            "likelihood": (torch.bool, [False, False]),
+            "sampled": (torch.bool, [False, False]),
+            "thresholds": (torch.float32, [0.30000001192092896, 0.5]),  # float32 bits travel exactly
+            "likelihood_thresholds": (torch.float32, [0.25, 0.5]),
+            "bounds": (torch.int64, [[2, 3, 0], [2, 0, 0]]),
+        }
+    )
+    assert (
+        acc1
+        == acc0
+        == {
+            "emitted": (torch.int64, [[1, 2, 3], [4, 5, 6]]),
+            "lengths": (torch.int64, [2, 1]),
+            "exact_tokens": (torch.int64, [1, 0]),
+        }
+    )
 
 
 def test_drafts_unsynced_fault_skips_only_the_plan_broadcast(tmp_path):
@@ -309,8 +317,17 @@ def test_pipeline_dp_attention_and_pd_disaggregation_stay_refused(tiny_pair, cpu
 
     register()
     server_args = prepare_server_args(
-        ["--model-path", str(tiny_pair[0]), "--speculative-algorithm", "PARSE",
-         "--speculative-draft-model-path", str(tiny_pair[1]), "--device", "cpu", *argv]  # fmt: skip
+        [
+            "--model-path",
+            str(tiny_pair[0]),
+            "--speculative-algorithm",
+            "PARSE",
+            "--speculative-draft-model-path",
+            str(tiny_pair[1]),
+            "--device",
+            "cpu",
+            *argv,
+        ]  # fmt: skip
     )
     with pytest.raises(ValueError, match=re.escape(f"PARSE does not support {named}")):
         server_args.resolve_once()

@@ -19,7 +19,7 @@ REQ_TO_TOKEN = torch.arange(2 * 12, dtype=torch.int32).view(2, 12) + 100  # pool
 
 @pytest.fixture(scope="module")
 def verify(cpu_runtime):
-    from parse_sglang.cpu import torch_native_verify
+    from sglang_cpu import torch_native_verify
 
     return torch_native_verify
 
@@ -47,8 +47,10 @@ def test_verify_metadata_accepts_qlen_only_and_full_masks(verify):
     qlen_only = torch.cat([tree.flatten(), torch.ones(3, 3, dtype=torch.bool).tril().flatten()])
     meta_q = verify.verify_metadata(_verify_batch(qlen_only), REQ_TO_TOKEN)
     full = torch.cat(
-        [torch.cat([torch.ones(3, 2, dtype=torch.bool), tree], 1).flatten(),
-         torch.cat([torch.ones(3, 4, dtype=torch.bool), torch.ones(3, 3, dtype=torch.bool).tril()], 1).flatten()]
+        [
+            torch.cat([torch.ones(3, 2, dtype=torch.bool), tree], 1).flatten(),
+            torch.cat([torch.ones(3, 4, dtype=torch.bool), torch.ones(3, 3, dtype=torch.bool).tril()], 1).flatten(),
+        ]
     )
     meta_f = verify.verify_metadata(_verify_batch(full), REQ_TO_TOKEN)
     assert torch.equal(meta_q.custom_mask, full) and torch.equal(meta_f.custom_mask, full)
@@ -86,7 +88,7 @@ def _stub_runner():
 
 
 def test_multi_step_draft_backend_reads_prefix_plus_steps_so_far(cpu_runtime):
-    from parse_sglang.cpu.torch_native_draft import TorchNativeMultiStepDraftBackend
+    from sglang_cpu.torch_native_draft import TorchNativeMultiStepDraftBackend
 
     backend = TorchNativeMultiStepDraftBackend(_stub_runner(), topk=1, speculative_num_steps=3)
     assert len(backend.attn_backends) == 2
@@ -103,7 +105,7 @@ def test_multi_step_draft_backend_reads_prefix_plus_steps_so_far(cpu_runtime):
 
 
 def test_multi_step_draft_backend_refuses_tree_drafts(cpu_runtime):
-    from parse_sglang.cpu.torch_native_draft import TorchNativeMultiStepDraftBackend
+    from sglang_cpu.torch_native_draft import TorchNativeMultiStepDraftBackend
 
     with pytest.raises(ValueError, match="speculative_eagle_topk: 4"):
         TorchNativeMultiStepDraftBackend(_stub_runner(), topk=4, speculative_num_steps=3)

@@ -21,7 +21,10 @@ def test_finder_runs_callbacks_around_the_module_then_leaves(tmp_path, monkeypat
     events = []
     monkeypatch.setattr(sys, "_parse_probe_events", events, raising=False)
     hook = startup.ImportHook()
-    hook.pending = {name: (lambda: events.append("before"), None), f"{name}.inner": (None, lambda: events.append("after"))}
+    hook.pending = {
+        name: (lambda: events.append("before"), None),
+        f"{name}.inner": (None, lambda: events.append("after")),
+    }
     monkeypatch.setattr(startup, "_hook", hook)
     sys.meta_path.insert(0, hook)
     try:
@@ -55,3 +58,28 @@ def test_sglang_plugins_whitelist_is_honoured(monkeypatch, value, allowed):
         monkeypatch.setenv("SGLANG_PLUGINS", value)
     assert startup.plugin_allowed() is allowed
     assert (startup.SERVER_ARGS in startup.ImportHook().pending) is allowed
+
+
+def test_cpu_runtime_hook_waits_for_sglang_only_where_the_cpu_engine_is_asked_for(monkeypatch):
+    """The CPU runtime's own start-up hook (cpu_runtime/sglang_cpu_startup.py): a finder only with
+    SGLANG_USE_CPU_ENGINE=1, once, inert for every other import; at `import sglang` it enables the
+    runtime and leaves (exercised end to end by test_sglang_tools.py's SGLang commands)."""
+    import sglang_cpu_startup as cpu_startup
+
+    def ours():
+        return [f for f in sys.meta_path if isinstance(f, cpu_startup.EnableBeforeSGLang)]
+
+    monkeypatch.setattr(sys, "meta_path", [f for f in sys.meta_path if f not in ours()])
+    monkeypatch.delitem(sys.modules, "sglang", raising=False)
+    monkeypatch.delenv("SGLANG_USE_CPU_ENGINE", raising=False)
+    cpu_startup.install()
+    assert ours() == []
+    monkeypatch.setenv("SGLANG_USE_CPU_ENGINE", "1")
+    cpu_startup.install()
+    cpu_startup.install()
+    (finder,) = ours()
+    assert finder.find_spec("json") is None and ours() == [finder]
+    enabled = []
+    monkeypatch.setattr("sglang_cpu.enable", lambda: enabled.append(True))
+    assert finder.find_spec("sglang") is None  # the usual finders load it
+    assert enabled == [True] and ours() == []

@@ -1,4 +1,4 @@
-"""The synthetic trained pair (support.synthetic, DESIGN.md §8): its task, its build and
+"""The synthetic trained pair (support.synthetic, docs/testing.md §4): its task, its build and
 cache, and the regime it stands in for (a draft that words things its own way but gets most
 steps right). The pair is built once per test session into the cache (a few minutes on 2
 cores the first time); the determinism check trains a cut-down recipe twice.
@@ -111,8 +111,11 @@ def test_models_load_as_plain_checkpoints(synthetic_pair):
     assert target_cfg.eos_token_id == tokenizers[0].convert_tokens_to_ids(synthetic.EOS_TOKEN)
 
     def per_token(cfg):  # matmul weights touched per token (embedding lookup excluded)
-        layer = 2 * cfg.hidden_size * cfg.num_attention_heads * cfg.head_dim \
-            + 2 * cfg.hidden_size * cfg.num_key_value_heads * cfg.head_dim + 3 * cfg.hidden_size * cfg.intermediate_size
+        layer = (
+            2 * cfg.hidden_size * cfg.num_attention_heads * cfg.head_dim
+            + 2 * cfg.hidden_size * cfg.num_key_value_heads * cfg.head_dim
+            + 3 * cfg.hidden_size * cfg.intermediate_size
+        )
         return cfg.num_hidden_layers * layer + cfg.hidden_size * cfg.vocab_size
 
     assert per_token(target_cfg) >= 3 * per_token(draft_cfg)
@@ -143,7 +146,9 @@ def test_judge_cli_reports_each_kind(loaded_pair, capsys):
     assert [row["kind"] for row in rows] == ["mix", *synthetic.CORRUPTIONS]
     for row in rows:
         kind = None if row["kind"] == "mix" else row["kind"]
-        cuts = sum(len(cuts) for _, _, cuts, _ in synthetic.judged_prefixes(synthetic.TEST_SEED, 12, loaded_pair[0], kind))
+        cuts = sum(
+            len(cuts) for _, _, cuts, _ in synthetic.judged_prefixes(synthetic.TEST_SEED, 12, loaded_pair[0], kind)
+        )
         assert row["prefixes"] == cuts
     # A wrong final answer makes only the last cut wrong, so "at the error" keeps every cut.
     answer = rows[-1]

@@ -11,6 +11,7 @@ from parse_sglang.settings import ParseConfig
 
 # ---- settings ---------------------------------------------------------------------------
 
+
 def test_config_defaults_round_trip():
     cfg = ParseConfig()
     assert ParseConfig.from_dict(cfg.to_dict()) == cfg
@@ -76,6 +77,7 @@ def test_select_boundaries_refuses_empty_draft():
 
 # ---- acceptance -------------------------------------------------------------------------
 
+
 def pad_ragged(rows, fill, dtype) -> torch.Tensor:
     """Right-pad a list of rows into one [B, max_len] tensor."""
     width = max(1, max(map(len, rows), default=0))
@@ -119,7 +121,9 @@ def test_accept_judge_off_is_token_level_and_tau_zero_takes_whole_draft():
 
 
 def test_accept_ignores_padding_past_draft_length():
-    got = _accept([[3, 3], [3, 3, 3, 3]], [[3, 3, 3, 3, 3], [3, 3, 3, 3, 3]], [[2], [4]], [[0.0], [0.0]], [0.5, 0.5], [True, True])
+    got = _accept(
+        [[3, 3], [3, 3, 3, 3]], [[3, 3, 3, 3, 3], [3, 3, 3, 3, 3]], [[2], [4]], [[0.0], [0.0]], [0.5, 0.5], [True, True]
+    )
     assert got.exact.tolist() == [2, 4]
 
 
@@ -170,7 +174,9 @@ def test_likelihood_judge_accepts_the_longest_likely_boundary_prefix():
 
 
 def test_judge_mode_settings_are_checked():
-    with pytest.raises(ValueError, match=r"judge_mode='vote' is invalid: allowed is one of \('probe', 'likelihood', 'both'\)"):
+    with pytest.raises(
+        ValueError, match=r"judge_mode='vote' is invalid: allowed is one of \('probe', 'likelihood', 'both'\)"
+    ):
         ParseConfig(judge_mode="vote")
     with pytest.raises(ValueError, match=r"likelihood_threshold=1.2 is invalid: allowed is a number in \[0, 1\]"):
         ParseConfig(likelihood_threshold=1.2)

@@ -130,4 +130,4 @@ def test_full_mask_buffer_equals_a_fresh_full_mask_round_after_round():
         _, _, mask = window_inputs(shape, prefix, chain, bounds, torch.tensor([7, 8]))
         written = buffer.write(mask, shape.rows, prefix, int(prefix.sum()))
         assert torch.equal(written, full_mask(mask, shape.rows, prefix, int(prefix.sum())))
-        assert bool(buffer.buffer[written.numel():].all())
+        assert bool(buffer.buffer[written.numel() :].all())

@@ -87,7 +87,9 @@ def row_roles(row: Tensor, draft_len, suffix_len) -> tuple[Tensor, Tensor, Tenso
     return is_chain, k, offset - k * m
 
 
-def row_reach(row: Tensor, is_chain: Tensor, draft_len, suffix_len, k: Tensor, boundary: Tensor) -> tuple[Tensor, Tensor]:
+def row_reach(
+    row: Tensor, is_chain: Tensor, draft_len, suffix_len, k: Tensor, boundary: Tensor
+) -> tuple[Tensor, Tensor]:
     """(chain_hi, own_lo): the last chain row a row sees (a chain row: itself; a probe row of
     boundary b_k: chain row b_k) and the first row of its own probe block it sees (a chain
     row: none, so row + 1)."""
@@ -114,8 +116,7 @@ def expand_qlen_only_mask(mask_qlen_only: Tensor, prefix_lens: Tensor, window_le
     expected = int((window_lens * window_lens).sum())
     if mask_qlen_only.numel() != expected:
         raise ValueError(
-            f"mask_qlen_only: has {mask_qlen_only.numel()} elements, "
-            f"expected sum(window_lens**2) = {expected}"
+            f"mask_qlen_only: has {mask_qlen_only.numel()} elements, expected sum(window_lens**2) = {expected}"
         )
     row_lens = prefix_lens + window_lens
     full = torch.ones(int((window_lens * row_lens).sum()), dtype=torch.bool, device=mask_qlen_only.device)
@@ -141,9 +142,7 @@ def _validate(index: int, req: VerifyRequest) -> None:
                 f"each must lie in [1, {draft_len}] (the draft length)"
             )
         if k > 0 and b <= bounds[k - 1]:
-            raise ValueError(
-                f"requests[{index}].boundaries: {bounds} is not strictly increasing at {k}"
-            )
+            raise ValueError(f"requests[{index}].boundaries: {bounds} is not strictly increasing at {k}")
     if bounds and len(req.suffix_ids) == 0:
         raise ValueError(
             f"requests[{index}].suffix_ids: empty with {len(bounds)} boundaries; "

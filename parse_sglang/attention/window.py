@@ -59,7 +59,9 @@ class WindowShape:
 
     def logits_rows(self, batch_size: int, device) -> Tensor:
         """[batch_size * read_rows] int64 window rows PARSE reads, request-major."""
-        probe_ends = self.chain_rows + torch.arange(self.num_probes, device=device) * self.suffix_len + self.suffix_len - 1
+        probe_ends = (
+            self.chain_rows + torch.arange(self.num_probes, device=device) * self.suffix_len + self.suffix_len - 1
+        )
         per_request = torch.cat([torch.arange(self.chain_rows, device=device), probe_ends])
         starts = torch.arange(batch_size, device=device)[:, None] * self.rows
         return (starts + per_request).reshape(-1)
@@ -85,7 +87,11 @@ def window_inputs(
     device = chain_tokens.device
     bs, N = chain_tokens.shape[0], shape.rows
     if N == 1:  # nothing drafted (an adaptive tier-0 round): c_n at P, seeing itself, as in a decode step
-        return chain_tokens[:, 0].to(torch.int64), prefix_lens.to(torch.int64), torch.ones(bs, dtype=torch.bool, device=device)
+        return (
+            chain_tokens[:, 0].to(torch.int64),
+            prefix_lens.to(torch.int64),
+            torch.ones(bs, dtype=torch.bool, device=device),
+        )
     row = torch.arange(N, device=device)
     is_chain, k, i = row_roles(row, shape.draft_len, shape.suffix_len)
     if shape.num_probes:
@@ -112,7 +118,9 @@ def _full_mask_positions(rows: int, prefix_lens: Tensor) -> Tensor:
     bs = P.numel()
     starts = N * (torch.cumsum(P, 0) - P) + torch.arange(bs, device=device) * N * N
     r = torch.arange(N, device=device)
-    return (starts[:, None, None] + r[None, :, None] * (P[:, None, None] + N) + P[:, None, None] + r[None, None, :]).reshape(-1)
+    return (
+        starts[:, None, None] + r[None, :, None] * (P[:, None, None] + N) + P[:, None, None] + r[None, None, :]
+    ).reshape(-1)
 
 
 def full_mask(mask_qlen_only: Tensor, rows: int, prefix_lens: Tensor, prefix_sum: int) -> Tensor:

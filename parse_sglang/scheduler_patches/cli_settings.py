@@ -45,7 +45,7 @@ def add_parse_flag(result, parser: argparse.ArgumentParser):
             CLI_FLAG,
             type=str,
             default=None,
-            help="PARSE settings as a JSON object, e.g. '{\"threshold\": 0.7, \"probe_stride\": 8}' "
+            help='PARSE settings as a JSON object, e.g. \'{"threshold": 0.7, "probe_stride": 8}\' '
             "(keys: parse_sglang.settings.ParseConfig). L is --speculative-num-steps.",
         )
     return result

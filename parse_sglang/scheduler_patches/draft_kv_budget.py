@@ -55,8 +55,11 @@ def draft_kv_bytes_per_token(kvc) -> int:
     config = _draft_model_config(kvc.server_args)
     parallel = get_parallel()
     heads = config.get_num_kv_heads(parallel.attn_tp_size, parallel.attn_dcp_size)
-    return heads * (config.head_dim + config.v_head_dim) * config.num_hidden_layers * torch._utils._element_size(
-        kvc.kv_cache_dtype
+    return (
+        heads
+        * (config.head_dim + config.v_head_dim)
+        * config.num_hidden_layers
+        * torch._utils._element_size(kvc.kv_cache_dtype)
     )
 
 

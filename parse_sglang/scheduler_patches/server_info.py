@@ -17,10 +17,7 @@ from sglang.srt.plugins.hook_registry import HookType
 from parse_sglang.counters import ServerTotals
 from parse_sglang.scheduler_patches import register_hooks_once
 
-TARGET = (
-    "sglang.srt.managers.scheduler_components.internal_state."
-    "SchedulerInternalStateController._add_speculative"
-)
+TARGET = "sglang.srt.managers.scheduler_components.internal_state.SchedulerInternalStateController._add_speculative"
 
 HOOKED_SIGNATURES = {TARGET: "(self, state: 'Dict[str, Any]') -> 'None'"}
 

@@ -84,7 +84,11 @@ def _parse_window(spec_algorithm, is_draft_worker: bool) -> Optional[WindowShape
     config = server_parse_config(get_server_args(), get_spec().speculative_num_steps)
     suffix = 0
     if config.uses_probe:
-        suffix = len(judge_probe_for(get_serving().tokenizer_path, config.judge_question, get_model().trust_remote_code).suffix_ids)
+        suffix = len(
+            judge_probe_for(
+                get_serving().tokenizer_path, config.judge_question, get_model().trust_remote_code
+            ).suffix_ids
+        )
     return fixed_window_shape(config, suffix)
 
 

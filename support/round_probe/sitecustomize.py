@@ -21,7 +21,16 @@ if os.environ.get("PARSE_ROUND_PROBE_OUT"):
     import time
 
     # The worker's steps (and those of earlier versions, to measure them too).
-    STEPS = ("_draft", "_plan_window", "_verify", "_accept", "_record", "_result", "_record_stats", "_update_target_phases")
+    STEPS = (
+        "_draft",
+        "_plan_window",
+        "_verify",
+        "_accept",
+        "_record",
+        "_result",
+        "_record_stats",
+        "_update_target_phases",
+    )
     _records = []
     _state = {"counter": None, "in_round": False, "forward_s": 0.0, "step_s": {}}
 

@@ -1,0 +1,1 @@
+"""Import-path entry holding the `torchvision` stand-in (see sglang_cpu.enable)."""

@@ -1,5 +1,0 @@
-"""`flashinfer.decode` stand-in: the paged decode wrapper and `fast_decode_plan`."""
-
-from parse_sglang.cpu.flashinfer_ops import BatchDecodeWithPagedKVCacheWrapper, fast_decode_plan
-
-__all__ = ["BatchDecodeWithPagedKVCacheWrapper", "fast_decode_plan"]

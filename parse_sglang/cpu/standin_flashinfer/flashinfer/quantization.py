@@ -1,5 +1,0 @@
-"""`flashinfer.quantization` stand-in: `packbits` / `segment_packbits` (default bitorder "big", as FlashInfer)."""
-
-from parse_sglang.cpu.flashinfer_ops import packbits, segment_packbits
-
-__all__ = ["packbits", "segment_packbits"]

@@ -1,5 +1,0 @@
-"""`sgl_kernel.speculative` stand-in: the NGRAM tree-mask reconstruction op."""
-
-from parse_sglang.cpu.tree_ops import reconstruct_indices_from_tree_mask
-
-__all__ = ["reconstruct_indices_from_tree_mask"]
