@@ -51,7 +51,7 @@ def keep_decode_graphs(result, server_args):
     if graphs_requested() and cfg.device == "cpu" and not cfg.disable_cuda_graph:
         declare_resolution(
             server_args,
-            "parse_sglang.cpu_graphs",
+            "sglang_cpu.cpu_graphs",
             cuda_graph_config=with_phase(cfg.cuda_graph_config, Phase.DECODE, backend=Backend.FULL),
         )
     return result
