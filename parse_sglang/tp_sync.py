@@ -40,10 +40,6 @@ from parse_sglang.packing import fields_of, pack, unpack
 
 FAULT_ENV = "PARSE_TEST_TP_FAULT"
 FAULTS = ("skew", "skew-drafts-unsynced")
-PLAN_FIELDS = (  # window_plan.ProbePlan
-    "drafts", "draft_lens", "phase_limits", "judged", "probed", "likelihood", "thresholds", "likelihood_thresholds",
-    "bounds",
-)  # fmt: skip
 ACCEPTED_FIELDS = ("emitted", "lengths", "exact_tokens")  # acceptance.Accepted
 
 
@@ -67,7 +63,7 @@ class TpSync:
         """Rank 0's `ProbePlan` (host tensors): one broadcast over the CPU group."""
         if self.fault == "skew-drafts-unsynced":
             return plan if self.is_source else dataclasses.replace(plan, drafts=_neighbours(plan.drafts))
-        return self._share(plan, PLAN_FIELDS, self.group.cpu_group)
+        return self._share(plan, [f.name for f in dataclasses.fields(plan)], self.group.cpu_group)
 
     def share_length(self, length: int) -> int:
         """Rank 0's draft length of the round (an adaptive server's choice): one broadcast over

@@ -17,7 +17,7 @@ CUDA graph replays).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Optional, Sequence
+from typing import Callable, NamedTuple, Optional, Sequence
 
 import torch
 from sglang.srt.managers.schedule_batch import FINISH_ABORT
@@ -122,6 +122,27 @@ class ProbePlan:
         return [[b for b in row if b > 0] for row in self.bounds.tolist()]
 
 
+class PlanOnDevice(NamedTuple):
+    """The plan as the window reads it on the device, from its one host-to-device copy:
+    ProbePlan's per-request fields (as they are), then its boundaries as the judge and the
+    window read them."""
+
+    drafts: torch.Tensor  # [bs, L]
+    draft_lens: torch.Tensor  # [bs]
+    phase_limits: torch.Tensor  # [bs]
+    judged: torch.Tensor  # [bs] bool
+    probed: torch.Tensor  # [bs] bool
+    likelihood: torch.Tensor  # [bs] bool
+    thresholds: torch.Tensor  # [bs] τ
+    likelihood_thresholds: torch.Tensor  # [bs] λ
+    boundaries: torch.Tensor  # [bs, K'] real boundaries, padded with 0
+    probe_slots: torch.Tensor  # [bs, K'] each boundary's probe among the request's window probes
+    probe_bounds: torch.Tensor  # [bs, K] the boundaries of the window's K probes (padding ones included)
+
+
+AS_PLANNED = PlanOnDevice._fields[:8]  # the fields copied from the ProbePlan unchanged
+
+
 def place_probes(drafts_host: torch.Tensor, policies: Sequence[RequestPolicy], texts: TokenTexts) -> ProbePlan:
     """Each request's acceptable draft length, target-phase limit and real probe boundaries."""
     rows = drafts_host.tolist()
@@ -151,7 +172,7 @@ def place_probes(drafts_host: torch.Tensor, policies: Sequence[RequestPolicy], t
     )
 
 
-def nothing_drafted(bs: int, device) -> tuple[ProbePlan, tuple]:
+def nothing_drafted(bs: int, device) -> tuple[ProbePlan, PlanOnDevice]:
     """The plan of a round with nothing drafted (an adaptive server's tier 0), on the host and
     as `plan_window`'s device fields: no draft token may be accepted, no boundary, nothing
     judged or probed. The same for every such round of `bs` requests (cached per shape)."""
@@ -167,9 +188,8 @@ def nothing_drafted(bs: int, device) -> tuple[ProbePlan, tuple]:
         bounds=torch.zeros(bs, 0, dtype=torch.int64),
     )
     no_boundary = torch.zeros(bs, 1, dtype=torch.int64)  # boundaries and probe slots: one column of 0s
-    fields = [host.drafts, host.draft_lens, host.phase_limits, host.judged, host.probed, host.likelihood,
-              host.thresholds, host.likelihood_thresholds, no_boundary, no_boundary, host.bounds]  # fmt: skip
-    return host, tuple(t.to(device) for t in fields)
+    fields = [getattr(host, name) for name in AS_PLANNED] + [no_boundary, no_boundary, host.bounds]
+    return host, PlanOnDevice(*(t.to(device) for t in fields))
 
 
 @dataclass(frozen=True)
@@ -199,7 +219,7 @@ class Window:
         return self.shape.chain_rows
 
 
-def upload_plan(plan: ProbePlan, fixed_probes: Optional[int], device) -> tuple[int, list[torch.Tensor]]:
+def upload_plan(plan: ProbePlan, fixed_probes: Optional[int], device) -> tuple[int, PlanOnDevice]:
     """(K, the window's probe count; the plan's device fields in one host-to-device copy):
     the plan's tensors, then each request's real boundaries and their probe slots (as wide as
     the most boundaries), and the boundaries of its K window probes (padding probes included)."""
@@ -217,12 +237,12 @@ def upload_plan(plan: ProbePlan, fixed_probes: Optional[int], device) -> tuple[i
     def rows(values: list[list[int]], width: int) -> torch.Tensor:
         return torch.tensor([v + [0] * (width - len(v)) for v in values], dtype=torch.int64).view(bs, width)
 
-    host = [
-        plan.drafts, plan.draft_lens, plan.phase_limits, plan.judged, plan.probed, plan.likelihood,
-        plan.thresholds, plan.likelihood_thresholds,
-        rows(bounds, real_width), rows(probe_slots, real_width), rows(window_bounds, num_probes),
-    ]  # fmt: skip
-    return num_probes, unpack(pack(host).to(device), fields_of(host))
+    host = [getattr(plan, name) for name in AS_PLANNED] + [
+        rows(bounds, real_width),
+        rows(probe_slots, real_width),
+        rows(window_bounds, num_probes),
+    ]
+    return num_probes, PlanOnDevice(*unpack(pack(host).to(device), fields_of(host)))
 
 
 def plan_window(
@@ -252,16 +272,14 @@ def plan_window(
     else:
         plan = share(place_probes(drafts_host, policies, texts))
         num_probes, on_device = upload_plan(plan, fixed_probes, device)
-    (drafts, draft_lens, phase_limits, judged, probed_on, likelihood, thresholds, lambdas, boundaries, slots,
-     probe_bounds) = on_device  # fmt: skip
     shape = WindowShape(length, num_probes, len(suffix_ids) if num_probes else 0)
-    chain_tokens = torch.cat([last_tokens[:, None].to(torch.int64), drafts], dim=1)
+    chain_tokens = torch.cat([last_tokens[:, None].to(torch.int64), on_device.drafts], dim=1)
     verify_input = ParseVerifyInput.for_round(
         shape,
         prefix_lens=prefix_lens,
         prefix_sum=prefix_sum,
         chain_tokens=chain_tokens,
-        boundaries=probe_bounds,
+        boundaries=on_device.probe_bounds,
         suffix_ids=suffix_ids if num_probes else None,
         logits_rows=constants.logits_rows(bs, shape),
         mask_buffer=mask_buffer,
@@ -271,15 +289,15 @@ def plan_window(
         shape=shape,
         plan=plan,
         chain_tokens=chain_tokens,
-        draft_lens=draft_lens,
-        phase_limits=phase_limits,
-        boundaries=boundaries,
-        probe_slots=slots,
-        judge_on=judged,
-        uses_probe=probed_on,
-        uses_likelihood=likelihood,
-        thresholds=thresholds,
-        likelihood_thresholds=lambdas,
+        draft_lens=on_device.draft_lens,
+        phase_limits=on_device.phase_limits,
+        boundaries=on_device.boundaries,
+        probe_slots=on_device.probe_slots,
+        judge_on=on_device.judged,
+        uses_probe=on_device.probed,
+        uses_likelihood=on_device.likelihood,
+        thresholds=on_device.thresholds,
+        likelihood_thresholds=on_device.likelihood_thresholds,
         configs=[p.config for p in policies],
         any_likelihood=bool(plan.likelihood.any()),
     )
