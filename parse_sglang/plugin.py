@@ -7,9 +7,10 @@ point (cpu_runtime/, `sglang_cpu`); the plug-in never imports it. The patches it
 capabilities, and one change for every server: requests that would kill a scheduler are
 refused with a 400 (`scheduler_patches/request_validation.py`).
 
-Each module in `INSTALLERS` (to add one, append it) has `HOOKED_SIGNATURES` (dotted SGLang
-name -> the `inspect.signature` string it was written against) and `install() -> str`
-(idempotent, returns a line saying what it installed).
+`INSTALLERS` is the one list of what the plug-in changes in SGLang, a line each saying what;
+each module's docstring says why. Each has `HOOKED_SIGNATURES` (dotted SGLang name -> the
+`inspect.signature` string it was written against) and `install() -> str` (idempotent,
+returns a line saying what it installed).
 
 Some SGLang tools resolve server arguments before they call `load_plugins()`
 (`python -m sglang.benchmark.offline_throughput`). For them the start-up hook
@@ -27,9 +28,19 @@ import pkgutil
 
 logger = logging.getLogger(__name__)
 
+_PATCHES = "parse_sglang.scheduler_patches."
 INSTALLERS = [
-    "parse_sglang.scheduler_patches.request_validation",  # every server, target-only too
-    "parse_sglang.spec_algo",
+    _PATCHES + "request_validation",  # every server, target-only too: a request that would kill a scheduler gets a 400
+    "parse_sglang.spec_algo",  # --speculative-algorithm PARSE in SGLang's registry
+    _PATCHES + "logits_rows",  # a verify pass computes logits only for the rows PARSE reads
+    _PATCHES + "draft_kv_budget",  # the draft's KV pool priced into SGLang's KV budget
+    _PATCHES + "cli_settings",  # --parse-config on the command line, parse_config= on the Engine
+    _PATCHES + "request_settings",  # custom_params["parse"] checked when a request arrives
+    _PATCHES + "request_stats",  # meta_info["parse"]: a request's PARSE counters in its response
+    _PATCHES + "server_info",  # get_server_info()'s "parse": the server's totals
+    _PATCHES + "metrics",  # the totals on /metrics
+    _PATCHES + "decode_log",  # a PARSE line in the decode log
+    _PATCHES + "verify_graph",  # the verify pass under SGLang's decode CUDA graph
 ]
 
 _installed: list[str] | None = None

@@ -2,8 +2,8 @@
 
 `install()` (called by the plugin entry point in every SGLang process) registers PARSE
 with `SpeculativeAlgorithm.register` (`register_algorithm()`, which the start-up hook
-`parse_sglang_startup` also calls as soon as a process imports SGLang's server arguments)
-and installs the SGLang hooks PARSE needs. At launch SGLang then calls, on the stand-in
+`parse_sglang_startup` also calls as soon as a process imports SGLang's server arguments);
+the other SGLang hooks PARSE needs are in `parse_sglang.plugin.INSTALLERS`. At launch SGLang then calls, on the stand-in
 record of its resolution pipeline:
 - `validate_parse_server_args`: refuses what PARSE cannot run with, naming the setting;
 - `ParseSpecAlgo.handle_server_args`: declares the settings PARSE runs with (sync
@@ -23,35 +23,18 @@ from sglang.srt.environ import envs
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 from sglang.srt.speculative.spec_registry import CustomSpecAlgo, get_spec
 
-from parse_sglang.settings import ALGORITHM
 from parse_sglang.graph_memory import GraphReservations, check_fits
-from parse_sglang.scheduler_patches import (
-    cli_settings,
-    decode_log,
-    draft_kv_budget,
-    logits_rows,
-    metrics,
-    request_settings,
-    request_stats,
-    server_info,
-    verify_graph,
-)
 from parse_sglang.scheduler_patches.verify_graph import capturing_window
-from parse_sglang.settings import ParseConfig, fixed_window_shape, judge_probe_for, server_parse_config, window_shapes
+from parse_sglang.settings import (
+    ALGORITHM,
+    ParseConfig,
+    fixed_window_shape,
+    judge_probe_for,
+    server_parse_config,
+    window_shapes,
+)
 
 logger = logging.getLogger(__name__)
-
-HOOK_MODULES = (
-    logits_rows,
-    draft_kv_budget,
-    cli_settings,
-    request_settings,
-    request_stats,
-    server_info,
-    metrics,
-    decode_log,
-    verify_graph,
-)
 
 REGISTRATION_SIGNATURES = {
     "sglang.srt.speculative.spec_info.SpeculativeAlgorithm.register": (
@@ -60,10 +43,7 @@ REGISTRATION_SIGNATURES = {
         "<class 'sglang.srt.speculative.spec_registry.CustomSpecAlgo'>) -> 'Callable[[WorkerFactory], WorkerFactory]'"
     ),
 }
-HOOKED_SIGNATURES = {
-    **REGISTRATION_SIGNATURES,
-    **{name: sig for module in HOOK_MODULES for name, sig in module.HOOKED_SIGNATURES.items()},
-}
+HOOKED_SIGNATURES = REGISTRATION_SIGNATURES
 
 
 def _server_config(sa):
@@ -277,7 +257,6 @@ def register_algorithm() -> None:
 
 
 def install() -> str:
-    """Register PARSE (once per process) and its hooks; returns what was installed."""
+    """Register PARSE (once per process); returns what was installed."""
     register_algorithm()
-    hooks = "; ".join(module.install() for module in HOOK_MODULES)
-    return f"speculative algorithm {ALGORITHM} (parse_sglang.worker.ParseWorker); {hooks}"
+    return f"speculative algorithm {ALGORITHM} (parse_sglang.worker.ParseWorker)"
