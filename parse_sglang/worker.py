@@ -44,7 +44,6 @@ Conventions this worker keeps with SGLang's scheduler (sync V2 schema, no overla
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 
 import torch
 from sglang.srt.layers.logits_processor import LogitsProcessorOutput
@@ -52,21 +51,19 @@ from sglang.srt.layers.logprob_processor import compute_spec_logprobs
 from sglang.srt.managers.schedule_batch import ScheduleBatch
 from sglang.srt.managers.tp_worker import TpModelWorker
 from sglang.srt.managers.utils import GenerationBatchResult
-from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardMode
 from sglang.srt.runtime_context import get_device, get_model, get_schedule, get_serving, get_spec
 from sglang.srt.server_args import ServerArgs
 from sglang.srt.speculative.base_spec_worker import BaseSpecWorker
-from sglang.srt.speculative.eagle_info import EagleDraftInput
-from sglang.srt.speculative.eagle_utils import default_tree_mask_mode, eagle_sample
-from sglang.srt.speculative.spec_utils import GrammarTree, build_grammar_vocab_mask
+from sglang.srt.speculative.eagle_utils import default_tree_mask_mode
 
-from parse_sglang.acceptance import Accepted, accept_lengths, bonus_tokens, round_result
+from parse_sglang.acceptance import Accepted, round_result
 from parse_sglang.adaptive import AdaptiveDraftLength
 from parse_sglang.attention.window import FullMaskBuffer
 from parse_sglang.boundaries import TokenTexts
 from parse_sglang.counters import ServerTotals, record_round_stats
 from parse_sglang.draft_chain import DraftChain
-from parse_sglang.judge import Verdict, answer_columns, judge_window
+from parse_sglang.judge import answer_columns
+from parse_sglang.round_acceptance import accept_round
 from parse_sglang.scheduler_patches.draft_kv_budget import kv_bytes_per_token
 from parse_sglang.scheduler_patches.verify_graph import VerifyGraphs
 from parse_sglang.settings import (
@@ -82,49 +79,10 @@ from parse_sglang.settings import (
 from parse_sglang.target_phase import update_target_phases
 from parse_sglang.tp_sync import TpSync
 from parse_sglang.verify_input import shape_constants
+from parse_sglang.verify_pass import Committed, next_round_input, set_lengths, target_verify
 from parse_sglang.window_plan import Window, plan_window, request_policy
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Committed:
-    """Where a decode batch stands before the round (the worker overwrites the batch's copies)."""
-
-    seq_lens: torch.Tensor  # [bs] P
-    seq_lens_cpu: torch.Tensor
-    rows: torch.Tensor  # [bs] req_pool_indices
-    last_tokens: torch.Tensor  # [bs] c_n, on the device
-
-    @classmethod
-    def of(cls, batch: ScheduleBatch, device) -> "Committed":
-        carried = batch.spec_info
-        if (
-            isinstance(carried, EagleDraftInput)
-            and carried.bonus_tokens is not None
-            and len(carried.bonus_tokens) == len(batch.reqs)
-        ):
-            last = carried.bonus_tokens
-        else:  # not carried by SGLang (never seen): the host's copy, one more copy to the device
-            logger.warning(
-                "PARSE round without its carried input tokens (spec_info=%s): taken from the requests",
-                type(carried).__name__,
-            )
-            last = torch.tensor([req.output_ids[-1] for req in batch.reqs], dtype=torch.int64).to(device)
-        return cls(batch.seq_lens, batch.seq_lens_cpu, batch.req_pool_indices, last)
-
-
-def next_round_input(bonus: torch.Tensor) -> EagleDraftInput:
-    """What SGLang carries to the next round for each request (filtered and merged with the
-    batch): its last emitted token, the next round's c_n."""
-    bonus = bonus.to(torch.int64)
-    return EagleDraftInput(
-        topk_p=torch.ones(bonus.shape[0], 1, dtype=torch.float32, device=bonus.device),
-        topk_index=bonus[:, None],
-        bonus_tokens=bonus,
-        hidden_states=None,
-        capture_hidden_mode=CaptureHiddenMode.NULL,
-    )
 
 
 class ParseWorker(BaseSpecWorker):
@@ -256,7 +214,7 @@ class ParseWorker(BaseSpecWorker):
         """[bs, L] draft d_1..d_L from c_n, their proposal distributions [bs, L, V] (None for an
         all-greedy batch), and whether the draft ran as one graph replay (`DraftChain.draft`:
         L+1 draft decode steps)."""
-        self._set_lengths(batch, committed)
+        set_lengths(batch, committed)
         return self._draft_worker.draft(batch, committed.last_tokens, committed.rows, length)
 
     def _plan_window(self, committed: Committed, drafts: torch.Tensor, policies) -> Window:
@@ -280,76 +238,16 @@ class ParseWorker(BaseSpecWorker):
         )
 
     def _verify(self, batch: ScheduleBatch, committed: Committed, window: Window):
-        """The round's one target forward: TARGET_VERIFY over every request's window (under
-        the graph captured at its shape, if any); returns chain logits [bs * (L+1), V] and
-        probe logits [bs, K, V]."""
-        verify_input = window.verify_input
-        rows = window.shape.rows
-        self._set_lengths(batch, committed)
-        batch.forward_mode = ForwardMode.TARGET_VERIFY
-        batch.spec_info = verify_input
-        batch.input_ids = verify_input.input_ids
-        slots = committed.seq_lens[:, None] + torch.arange(rows, device=self.device)
+        """6. ONE target forward over every request's window (`verify_pass.target_verify`)."""
         req_to_token = self.req_to_token_pool.req_to_token
-        batch.out_cache_loc = req_to_token[committed.rows[:, None], slots].reshape(-1).to(torch.int64)
-        with self.verify_graphs.replaying(window.shape):
-            out = self.target_worker.forward_batch_generation(batch, is_verify=True)
-        bs = len(batch.reqs)
-        chain, probes = window.shape.split_logits(out.logits_output.next_token_logits, bs)
-        return chain.reshape(bs * window.chain_rows, -1), probes, out.can_run_cuda_graph
+        return target_verify(self.target_worker, self.verify_graphs, req_to_token, batch, committed, window)
 
-    def _accept(self, batch: ScheduleBatch, committed: Committed, window: Window, chain_logits, probe_logits,
-                proposals) -> Accepted:  # fmt: skip
-        """a = min(max(a_exact, a_judge), acceptable length); emitted: d_1..d_a, then t_a."""
-        bs, width = window.chain_tokens.shape
+    def _accept(self, batch, committed: Committed, window: Window, chain_logits, probe_logits, proposals):
+        """7.-8. SGLang's chain verification, the judge's extension, the bonus (`round_acceptance`)."""
         chain = self.constants.chain_view(window.chain_tokens)
-        if self.rejection_sampling:
-            chain.draft_probs = proposals.contiguous() if proposals is not None else None  # the rejection rule's q
-        grammar_mask = None
-        if batch.has_grammar:
-            grammar_mask = build_grammar_vocab_mask(
-                reqs=batch.reqs,
-                tree=GrammarTree.from_linear_chain(window.chain_tokens),
-                sampling_info=batch.sampling_info,
-                device=self.device,
-                barrier=None,
-            )
-        # SGLang's own chain verification; applies penalties / bias / grammar to chain_logits in place.
-        predict, exact_lens, _ = eagle_sample(
-            chain,
-            batch,
-            LogitsProcessorOutput(next_token_logits=chain_logits),
-            grammar_mask,
-            watermark_state=self.target_worker.model_runner.watermark_state,
-        )
-        if width == 1:  # tier 0: nothing drafted, nothing to judge; SGLang's sample of c_n's row is the token
-            none = torch.zeros_like(window.draft_lens)
-            verdict = Verdict(None, None, torch.zeros_like(window.boundaries, dtype=torch.bool))
-            return Accepted(predict.view(bs, 1).to(torch.int64), none, none, verdict)
-        exact = exact_lens.to(torch.int64) - 1
-        drafts = window.chain_tokens[:, 1:]
-        chain_logits = chain_logits.view(bs, width, -1)
-        verdict = judge_window(window, chain_logits, probe_logits, self.probe, self.answer_columns)
-        # accept_lengths' exact part is switched off (draft_lens 0): eagle_sample gave it.
-        judge_len = accept_lengths(
-            draft=drafts,
-            draft_lens=torch.zeros_like(window.draft_lens),
-            target_next=window.chain_tokens,
-            boundaries=window.boundaries,
-            passed=verdict.passed,
-            judge=window.judge_on,
-        ).accepted
-        limit = torch.minimum(window.draft_lens, window.phase_limits)
-        accepted = torch.minimum(torch.maximum(exact, judge_len), limit)
-        # The bonus is SGLang's unless the judge took the request past its exact match: then it
-        # is drawn from chain row a here.
-        exact_bonus = predict.view(bs, width).gather(1, accepted[:, None]).squeeze(1).to(torch.int64)
-        rows = chain_logits.gather(1, accepted[:, None, None].expand(-1, 1, chain_logits.shape[-1])).squeeze(1)
-        own_bonus = bonus_tokens(batch.sampling_info, rows, committed.seq_lens + accepted)
-        bonus = torch.where(accepted > exact, own_bonus, exact_bonus)
-        emitted = torch.nn.functional.pad(drafts, (0, 1))
-        emitted.scatter_(1, accepted[:, None], bonus[:, None])
-        return Accepted(emitted, accepted, torch.minimum(exact, accepted), verdict)
+        watermark = self.target_worker.model_runner.watermark_state
+        return accept_round(batch, committed.seq_lens, window, chain_logits, probe_logits, chain, proposals,
+                            self.rejection_sampling, self.probe, self.answer_columns, watermark)  # fmt: skip
 
     def _record(self, reqs, window: Window, accepted: Accepted, graphed: bool, steps: int = 1) -> None:
         """The round's result on the host (its one copy back): counters, target phases, and
@@ -411,12 +309,6 @@ class ParseWorker(BaseSpecWorker):
         decode CUDA graph replays the verify (its captured width is N_max)."""
         mode = self.config.verify_window
         return mode == "fixed" or (mode == "auto" and self.verify_graphs.captured)
-
-    @staticmethod
-    def _set_lengths(batch: ScheduleBatch, committed: Committed) -> None:
-        batch.seq_lens = committed.seq_lens
-        batch.seq_lens_cpu = committed.seq_lens_cpu
-        batch.seq_lens_sum = int(committed.seq_lens_cpu.sum())
 
     @property
     def draft_runner(self):
