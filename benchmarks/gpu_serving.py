@@ -432,10 +432,9 @@ def window_rows(pair: Pair, config: ParseConfig | None) -> int:
     """N_max of a PARSE server config (verify rows per request), 0 for other engines."""
     if config is None:
         return 0
-    from parse_sglang.settings import judge_probe_for, verify_window_max
+    from parse_sglang.attention.window import WindowGeometry
 
-    suffix = len(judge_probe_for(pair.target, config.judge_question).suffix_ids) if config.uses_probe else 0
-    return verify_window_max(config, suffix)
+    return WindowGeometry.of_server(config, pair.target).max_rows
 
 
 def common_settings(args, pair: Pair, max_batch: int, graphs: bool) -> dict:

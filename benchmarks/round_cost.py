@@ -151,13 +151,10 @@ def main() -> None:
     except (ValueError, TypeError) as err:
         parser.error(f"--parse-config={args.parse_config!r} is invalid: {err}")
     common = dict(engine_settings(), model_path=args.target, log_level="error", max_running_requests=max(args.batch))
-    from parse_sglang.settings import (
-        judge_probe_for,
-        max_probes,
-        verify_window_max,
-    )  # imports SGLang: after the CPU runtime
+    from parse_sglang.attention.window import WindowGeometry  # imports SGLang: after the CPU runtime
 
-    suffix_len = len(judge_probe_for(args.target, config.judge_question).suffix_ids) if config.judge else 0
+    geometry = WindowGeometry.of_server(config, args.target)
+    suffix_len = geometry.suffix_len
     if common.get("device") == "cpu":
         common.update(mem_fraction_static=0.5, max_total_tokens=max(8192, 2 * max(args.batch) * 512))
     sampling = {"temperature": 0.0, "max_new_tokens": args.max_new_tokens, "ignore_eos": True}
@@ -177,10 +174,10 @@ def main() -> None:
     finally:
         engine.shutdown()
 
-    n_max = verify_window_max(config, suffix_len)
+    n_max = geometry.max_rows
     header = (f"target={args.target}\ndraft={args.draft}\n"
               f"L={config.draft_budget} Δ={config.probe_stride} judge={'on, τ=' + str(config.threshold) if config.judge else 'off'} "
-              f"m={suffix_len} K_max={max_probes(config)} N_max={n_max} rows; {args.max_new_tokens} tokens, "
+              f"m={suffix_len} K_max={geometry.max_probes()} N_max={n_max} rows; {args.max_new_tokens} tokens, "
               f"{common.get('device', 'cuda')}")  # fmt: skip
     if not args.json:
         print(header + "\n")

@@ -1,54 +1,12 @@
-"""Each round's draft length chosen by measured cost (`adaptive: true` in the PARSE settings).
+"""Each round's draft length chosen by measured cost (`adaptive: true`): the design, its
+settings and what it achieves are docs/adaptive.md.
 
-A round costs its draft chain (L + 1 draft steps) and one verify pass, whatever it accepts, so a
-long L pays only while enough of it is kept. With `adaptive`, each round runs at one of a few
-tiers (`adaptive_tiers`, default {0, 4, 8, 16, 32} up to the server's L, and L itself): tier 0
-is `tier0_steps` plain decode steps for the batch run back to back on the device, each a verify
-window of c_n alone (SGLang's own zero-step EAGLE rounds verify the same way), so that the
-scheduler's and the round's own host work is paid once per k tokens, not per token; the draft
-idles, and the round that drafts again first extends it over what it missed. Every tier has its
-own draft-chain and verify graphs on a GPU.
-
-- `CostTable`: seconds of a round's draft part (its start to the drafts on the host) and of the
-  rest (plan, verify pass, acceptance, the result on the host) per (tier, verify rows, batch-size
-  bucket), measured by the worker from its own rounds at the host/device crossings it has anyway
-  (no extra sync), as the median of its last `SAMPLES` rounds (a tier-0 round's rest: per decode
-  step); a cell's first round is a warm-up (first allocations, kernels compiled on first use) and
-  is not counted. A tier not measured in a bucket is interpolated from the measured ones (draft
-  cost linear in the L + 1 steps, the rest linear in the verify rows; tier 0 only from tier-0
-  rounds: the nearest bucket's), and a bucket with too few cells borrows the nearest bucket's (a profiled table covers batch 1, 8 and 32);
-  until some bucket has two measured tiers the server explores (the longest tier, then tier 0,
-  each for `EXPLORE_SAMPLES` rounds after its warm-up); later buckets borrow, then measure the
-  tiers they run or come close to running (a batch shrinking as requests finish passes through
-  several). A table
-  written by `python -m parse_sglang.profile_cost` can be loaded instead (`cost_table`): it is
-  then fixed, and the choice a deterministic function of the acceptance seen.
-- `Acceptance` (per request, its prior the server's `PooledAcceptance`): a survival curve of the
-  accepted length, whatever accepted it (exact match, or the judge at a boundary): per draft
-  position j, decayed counts of the rounds that reached j and of those that kept it, so
-  S(j) = Π_{i ≤ j} kept_i / reached_i and E[accepted | L] = Σ_{j ≤ L} S(j). A request's counts
-  start from `PRIOR_WEIGHT` rounds of the pooled curve, and every one of its rounds ages all it
-  has seen, the prior included, by `DECAY`, at every position (down to `PRIOR_WEIGHT_MIN` for the
-  prior): a request's text changes as it goes (a stretch the draft gets right, then one it gets
-  wrong), so its last few rounds decide, and where they reach no further the pooled curve
-  speaks, not what the request saw many rounds ago. Nonparametric on purpose: a judged
-  request's acceptance comes in jumps at boundaries and an exact match's in a geometric-like
-  decay, and a geometric model of either (this module's first version) overrated long tiers.
-- The choice: the tier maximising Σ_requests (1 + E[accepted | min(tier, its budget)]) over the
-  tier's cost at this batch size (tier 0: Σ_requests min(k, its output left) tokens for k decode
-  steps); ties go to the shorter tier. A tier whose cost in this bucket
-  is borrowed or interpolated and whose rate comes within `EXPLORE_MARGIN` of the best runs
-  instead until it is measured (`EXPLORE_SAMPLES` rounds), so a mispriced tier is corrected
-  where it matters and one far from the best never costs a round.
-- A batch kept at tier 0 shows no acceptance: where the choice is tier 0, it runs the shortest
-  drafting tier once instead (a probe) when the decode steps since the last drafting round are
-  enough that the probe's loss, its cost in decode steps less the tokens it emits if it keeps
-  what the pooled curve expects, is at most `PROBE_OVERHEAD` of them (by the cost table): where
-  the server's requests mostly keep their drafts, a request that fell to tier 0 on a bad stretch
-  probes again soon; probes that do not pay for themselves (emit fewer tokens than tier 0 would
-  have in their time) space out (doubling, up to `PROBE_BACKOFF_MAX` times), until a drafting
-  round pays again. Where the choice drafts anyway (a new batch after one that ended at tier 0),
-  no probe is needed: the round itself shows the acceptance.
+- `CostTable`: seconds of a round's draft part and of the rest, per (batch-size bucket, tier,
+  verify rows), measured from the worker's own rounds or loaded from `profile_cost`.
+- `Acceptance` / `PooledAcceptance`: each request's survival curve of its accepted length, its
+  prior the server's pooled curve.
+- `AdaptiveDraftLength`: the `DraftLengthPolicy` choosing the tier with the most expected
+  tokens per second, probing out of tier 0 when a drafting round may pay again.
 """
 
 from __future__ import annotations
@@ -61,6 +19,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional, Sequence
+
+from parse_sglang.draft_length import DraftLengthPolicy
+from parse_sglang.request_state import state_of
 
 logger = logging.getLogger(__name__)
 
@@ -279,8 +240,10 @@ class PooledAcceptance:
         self.version += 1
 
 
-class AdaptiveDraftLength:
-    """The per-round tier choice and what it learns from (module docstring)."""
+class AdaptiveDraftLength(DraftLengthPolicy):
+    """The per-round tier choice and what it learns from (docs/adaptive.md)."""
+
+    per_round = True
 
     def __init__(self, tiers: Sequence[int], costs: CostTable):
         self.tiers = sorted(set(tiers))
@@ -306,10 +269,10 @@ class AdaptiveDraftLength:
         return cls(config.tiers, costs)
 
     def acceptance(self, req) -> Acceptance:
-        estimate = getattr(req, "parse_acceptance", None)
-        if estimate is None:
-            estimate = req.parse_acceptance = Acceptance()
-        return estimate
+        state = state_of(req)
+        if state.acceptance is None:
+            state.acceptance = Acceptance()
+        return state.acceptance
 
     def choose(self, reqs, policies, rows_of, steps: int = 1) -> int:
         """The tier of this round: reqs and their `RequestPolicy`s; rows_of(tier) -> the verify
@@ -369,10 +332,15 @@ class AdaptiveDraftLength:
         """The round's drafts reached the host: its draft part ends here (`choose` started it)."""
         self._clock.setdefault("drafts", time.perf_counter())
 
-    def observe_round(self, reqs, tier: int, rows: int, plan, result, steps: int = 1) -> None:
+    def after_round(self, reqs, window, result, steps: int) -> None:
         """`observe` with the round's times from the controller's clock (the result is on the host)."""
         start, drafts = self._clock["start"], self._clock["drafts"]
-        self.observe(reqs, tier, rows, plan, result, drafts - start, time.perf_counter() - drafts, steps)
+        shape = window.shape
+        self.observe(reqs, shape.draft_len, shape.rows, window.plan, result, drafts - start,
+                     time.perf_counter() - drafts, steps)  # fmt: skip
+
+    def server_state(self) -> dict:
+        return {"cost_table": self.costs.to_json()}
 
     def observe(self, reqs, tier: int, rows: int, plan, result, draft_s: float, rest_s: float, steps: int = 1) -> None:
         """After a round (of `steps` verify passes: a tier-0 round's decode steps): its costs, the

@@ -58,6 +58,7 @@ from typing import Optional, Protocol, Sequence
 
 import torch
 
+from parse_sglang.request_state import state_of
 from parse_sglang.settings import RETURN_PROBE_SCORES
 
 STATS_KEY = "parse"
@@ -80,10 +81,11 @@ def record_round(
 
     probe_round: the round's `probe_scores` entry, for requests that asked for them.
     """
-    stats = getattr(req, "parse_stats", None)
-    first = stats is None
+    state = state_of(req)
+    first = state.stats is None
     if first:
-        stats = req.parse_stats = dict.fromkeys(COUNTERS, 0)
+        state.stats = dict.fromkeys(COUNTERS, 0)
+    stats = state.stats
     stats["rounds"] += rounds
     stats["draft_length"] += draft_length * rounds
     stats["draft_tokens"] += draft_tokens * rounds
@@ -200,7 +202,7 @@ def record_round_stats(totals: ServerTotals, reqs, window, result, graphed: bool
     exact, judged = result.exact_tokens, result.judged_tokens
     new_requests = 0
     for i, req in enumerate(reqs):
-        probes = probe_round(window, result, i) if RETURN_PROBE_SCORES in req.parse_request.outputs else None
+        probes = probe_round(window, result, i) if RETURN_PROBE_SCORES in req.parse.resolved.outputs else None
         new_requests += record_round(req, window.shape.draft_len, draft_lens[i], exact[i], judged[i], probe_counts[i],
                                      probes, steps)  # fmt: skip
     totals.add_pass(new_requests, len(reqs), sum(draft_lens), sum(exact), sum(judged), scores, graphed,

@@ -57,6 +57,8 @@ from sglang.srt.speculative.eagle_info import EagleDraftInput
 from sglang.srt.speculative.eagle_worker_common import prepare_for_draft
 from sglang.srt.speculative.standalone_worker_v2 import StandaloneDraftWorker
 
+from parse_sglang.request_state import state_of
+
 logger = logging.getLogger(__name__)
 
 
@@ -146,14 +148,14 @@ class DraftChain(StandaloneDraftWorker):
         """The draft's forward over a prefill batch (the target's slots: un-shifted KV)."""
         self._extend(batch)
         for req in batch.reqs:
-            req.parse_draft_behind = 0  # a prefill (or a retracted request's re-prefill) covers every token
+            state_of(req).draft_behind = 0  # a prefill (or a retracted request's re-prefill) covers every token
 
     def idle(self, reqs, tokens: int) -> None:
         """An adaptive server's tier-0 round committed `tokens` tokens per request without the
         draft: they are counted as missing from the draft's KV, and the next round that drafts
         first extends the draft over what is missing (`catch_up`)."""
         for req in reqs:
-            req.parse_draft_behind = getattr(req, "parse_draft_behind", 0) + tokens
+            state_of(req).draft_behind += tokens
 
     def draft(self, batch: ScheduleBatch, last_tokens: torch.Tensor, rows: torch.Tensor, length: int):
         """(drafts [bs, L] d_1..d_L, proposals [bs, L, V] or None for an all-greedy batch,
@@ -166,11 +168,11 @@ class DraftChain(StandaloneDraftWorker):
 
     def catch_up(self, batch: ScheduleBatch, rows: torch.Tensor) -> None:
         """One draft extend over the committed tokens whose draft KV tier-0 rounds skipped (the
-        last `parse_draft_behind` before c_n; at least one per request, so that every request
+        last `draft_behind` (`req.parse`) before c_n; at least one per request, so that every request
         extends: rewriting a token's draft KV is harmless). Only a round that resumes drafting
         pays it, like a small prefill (its tokens and slots in one host-to-device copy, and the
         extend metadata SGLang builds). batch.seq_lens_cpu: the committed lengths P."""
-        behind = [getattr(req, "parse_draft_behind", 0) for req in batch.reqs]
+        behind = [state_of(req).draft_behind for req in batch.reqs]
         if not any(behind):
             return
         ends = batch.seq_lens_cpu.tolist()  # a host tensor
@@ -194,7 +196,7 @@ class DraftChain(StandaloneDraftWorker):
         extend.spec_info = None
         self._extend(extend)
         for req in batch.reqs:
-            req.parse_draft_behind = 0
+            state_of(req).draft_behind = 0
 
     def _extend(self, batch: ScheduleBatch) -> None:
         """The draft model's forward over an extend batch (its runner's own attention backend)."""

@@ -243,21 +243,22 @@ def judge_window(
     """A round's verdict: chain_logits [bs, L+1, V], probe_logits [bs, K, V] of its verify pass;
     `window` is the round's `window_plan.Window`; columns: `answer_columns(probe)`. The
     likelihood is computed only when a request of the batch asks for it (a host-known fact)."""
-    bounds = window.boundaries
+    planned = window.on_device
+    bounds = planned.boundaries
     zeros = torch.zeros(bounds.shape, device=bounds.device)
     probe_scores = likelihood = None
     if window.shape.num_probes:
         answers = score_from_answer_logits(probe_logits.index_select(-1, columns), probe)
-        probe_scores = answers.gather(1, window.probe_slots)
+        probe_scores = answers.gather(1, planned.probe_slots)
     if window.any_likelihood:
         drafts = window.chain_tokens[:, 1:]
         likelihood = likelihood_scores(token_probabilities(chain_logits[:, :-1], drafts), bounds)
     passed = prefix_passes(
         probe_scores if probe_scores is not None else zeros,
-        window.thresholds,
+        planned.thresholds,
         likelihood if likelihood is not None else zeros,
-        window.likelihood_thresholds,
-        window.uses_probe,
-        window.uses_likelihood,
+        planned.likelihood_thresholds,
+        planned.probed,
+        planned.likelihood,
     )
     return Verdict(probe_scores, likelihood, passed)

@@ -48,6 +48,7 @@ def accept_round(
             barrier=None,
         )
     # SGLang's own chain verification; applies penalties / bias / grammar to chain_logits in place.
+    planned = window.on_device
     predict, exact_lens, _ = eagle_sample(
         chain,
         batch,
@@ -56,8 +57,8 @@ def accept_round(
         watermark_state=watermark_state,
     )
     if width == 1:  # tier 0: nothing drafted, nothing to judge; SGLang's sample of c_n's row is the token
-        none = torch.zeros_like(window.draft_lens)
-        verdict = Verdict(None, None, torch.zeros_like(window.boundaries, dtype=torch.bool))
+        none = torch.zeros_like(planned.draft_lens)
+        verdict = Verdict(None, None, torch.zeros_like(planned.boundaries, dtype=torch.bool))
         return Accepted(predict.view(bs, 1).to(torch.int64), none, none, verdict)
     exact = exact_lens.to(torch.int64) - 1
     drafts = window.chain_tokens[:, 1:]
@@ -66,13 +67,13 @@ def accept_round(
     # accept_lengths' exact part is switched off (draft_lens 0): eagle_sample gave it.
     judge_len = accept_lengths(
         draft=drafts,
-        draft_lens=torch.zeros_like(window.draft_lens),
+        draft_lens=torch.zeros_like(planned.draft_lens),
         target_next=window.chain_tokens,
-        boundaries=window.boundaries,
+        boundaries=planned.boundaries,
         passed=verdict.passed,
-        judge=window.judge_on,
+        judge=planned.judged,
     ).accepted
-    limit = torch.minimum(window.draft_lens, window.phase_limits)
+    limit = torch.minimum(planned.draft_lens, planned.phase_limits)
     accepted = torch.minimum(torch.maximum(exact, judge_len), limit)
     # The bonus is SGLang's unless the judge took the request past its exact match: then it
     # is drawn from chain row a here.

@@ -25,7 +25,6 @@ import json
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
-from parse_sglang.attention.window import WindowShape
 from parse_sglang.judge import DEFAULT_QUESTION, JudgeProbe, build_judge_probe
 
 ALGORITHM = "PARSE"  # the name SGLang knows the algorithm by (--speculative-algorithm)
@@ -321,38 +320,6 @@ def judge_probe_for(tokenizer_path: str, question: str, trust_remote_code: bool 
     """The judge probe of the target's tokenizer; one builder for the window-size bound
     (main process) and the worker (scheduler), so both count the same suffix length m."""
     return build_judge_probe(target_tokenizer(tokenizer_path, trust_remote_code), question)
-
-
-def max_probes(config: ParseConfig, draft_len: Optional[int] = None) -> int:
-    """K_max: the most boundaries `select_boundaries` returns for a draft of L tokens (L: the
-    config's, or `draft_len`) — interior segment ends at least probe_stride apart (all < L),
-    plus the draft's end."""
-    length = config.draft_budget if draft_len is None else draft_len
-    if not config.uses_probe or length < 1:
-        return 0
-    return (length - 1) // config.probe_stride + 1
-
-
-def fixed_window_shape(config: ParseConfig, suffix_len: int, draft_len: Optional[int] = None) -> WindowShape:
-    """The largest window a request may need in a round drafting L tokens (the config's L, or
-    `draft_len`): L chain rows after c_n, K_max probes of m rows (what a fixed window always
-    has, and a CUDA graph captures)."""
-    length = config.draft_budget if draft_len is None else draft_len
-    probes = max_probes(config, length)
-    return WindowShape(length, probes, suffix_len if probes else 0)
-
-
-def window_shapes(config: ParseConfig, suffix_len: int) -> list[WindowShape]:
-    """Every window shape a round of this server can have with a fixed window: per tier, the
-    chain alone (no request probes) and, where the server probes, K_max probes."""
-    shapes = {WindowShape(L, 0, 0) for L in config.tiers}
-    shapes |= {fixed_window_shape(config, suffix_len, L) for L in config.tiers}
-    return sorted(shapes, key=lambda s: (s.draft_len, s.num_probes))
-
-
-def verify_window_max(config: ParseConfig, suffix_len: int) -> int:
-    """N_max = 1 + L + K_max * m: verify rows one request may need in a round."""
-    return fixed_window_shape(config, suffix_len).rows
 
 
 def parse_engine_kwargs(draft_path, config: ParseConfig) -> dict:

@@ -23,15 +23,14 @@ from sglang.srt.environ import envs
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 from sglang.srt.speculative.spec_registry import CustomSpecAlgo, get_spec
 
+from parse_sglang.attention.window import WindowGeometry
 from parse_sglang.graph_memory import GraphReservations, check_fits
 from parse_sglang.scheduler_patches.verify_graph import capturing_window
 from parse_sglang.settings import (
     ALGORITHM,
     ParseConfig,
-    fixed_window_shape,
     judge_probe_for,
     server_parse_config,
-    window_shapes,
 )
 
 logger = logging.getLogger(__name__)
@@ -174,7 +173,8 @@ class ParseSpecAlgo(CustomSpecAlgo):
             _bound_graph_memory(sa, config, graphs.decode.max_bs)
 
     def resolve_max_speculative_num_draft_tokens(self, server_args) -> int:
-        return _window_shape(resolving_view(server_args), server_args).rows
+        cfg = resolving_view(server_args)
+        return _geometry(cfg, server_parse_config(server_args, cfg.speculative_num_steps)).max_rows
 
     def get_num_tokens_per_req_for_target_verify(self, num_draft_tokens: int, is_draft_worker: bool) -> int:
         """The verify width SGLang's decode CUDA graph captures: N_max (a fixed window), or
@@ -201,18 +201,9 @@ class ParseSpecAlgo(CustomSpecAlgo):
         return None
 
 
-def _suffix_len(cfg, config) -> int:
-    """m, the judge suffix's tokens (0 without the probe), of the server settings `cfg`."""
-    if not config.uses_probe:
-        return 0
-    tokenizer_path = cfg.tokenizer_path or cfg.model_path
-    return len(judge_probe_for(tokenizer_path, config.judge_question, bool(cfg.trust_remote_code)).suffix_ids)
-
-
-def _window_shape(cfg, server_args):
-    """The fixed window (K_max probes) of the server settings `cfg` (a resolving view)."""
-    config = server_parse_config(server_args, cfg.speculative_num_steps)
-    return fixed_window_shape(config, _suffix_len(cfg, config))
+def _geometry(cfg, config: ParseConfig) -> WindowGeometry:
+    """The windows of the server settings `cfg` (ServerArgs or a resolving view)."""
+    return WindowGeometry.of_server(config, cfg.tokenizer_path or cfg.model_path, bool(cfg.trust_remote_code))
 
 
 def _bound_graph_memory(sa, config, graph_max_bs) -> None:
@@ -221,13 +212,13 @@ def _bound_graph_memory(sa, config, graph_max_bs) -> None:
     from sglang.srt.utils.hf_transformers import get_config, get_context_length, get_hf_text_config
 
     text_config = get_hf_text_config(get_config(sa.model_path, bool(sa.trust_remote_code), sa.revision))
-    suffix_len = _suffix_len(sa, config)
-    shape = fixed_window_shape(config, suffix_len)
+    geometry = _geometry(sa, config)
+    shape = geometry.fixed()
     reservations = GraphReservations(
         max_bs=min(graph_max_bs or sa.max_running_requests, sa.max_running_requests),
         window_rows=shape.rows,
         read_rows=shape.read_rows,
-        verify_widths=tuple(s.rows for s in window_shapes(config, suffix_len)),
+        verify_widths=tuple(s.rows for s in geometry.shapes()),
         draft_steps=tuple(length + 2 for length in config.chain_lengths),
         context_len=sa.context_length or get_context_length(text_config),
         vocab_size=text_config.vocab_size,

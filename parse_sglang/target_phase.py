@@ -7,7 +7,7 @@ right after the token that ends the phase (`target_phase_stop`), exactly where t
 reference's own target decode stops. The cut is known before the verify: a phase that ends
 inside the accepted run ends at a draft token (the run's tokens up to t_exact are drafts), so
 the host places it from the draft's text with the round's boundaries (`phase_limit`). The
-phase's tokens so far live on the request (`req.parse_target_phase`, None outside a phase).
+phase's tokens so far live on the request (`req.parse.target_phase`, None outside a phase).
 """
 
 from __future__ import annotations
@@ -15,12 +15,13 @@ from __future__ import annotations
 from typing import Optional, Sequence
 
 from parse_sglang.boundaries import TokenTexts, complete_delimiter_ends
+from parse_sglang.request_state import state_of
 from parse_sglang.settings import ParseConfig
 
 
 def in_target_phase(req) -> Optional[list]:
     """Tokens a request has emitted in its current target phase; None outside one."""
-    return getattr(req, "parse_target_phase", None)
+    return state_of(req).target_phase
 
 
 def target_phase_stop(texts: TokenTexts, done: Sequence[int], run: Sequence[int], config: ParseConfig) -> Optional[int]:
@@ -57,6 +58,6 @@ def update_target_phases(texts: TokenTexts, reqs, configs, judged, draft_lens, a
         if done is not None:
             run = tokens[: a + 1]
             stop = target_phase_stop(texts, done, run, config)
-            req.parse_target_phase = None if stop is not None else done + run
+            state_of(req).target_phase = None if stop is not None else done + run
         elif judge and a < draft_len:
-            req.parse_target_phase = []
+            state_of(req).target_phase = []

@@ -7,20 +7,13 @@ tensors are built on the device (`attention.window`): nothing that grows with th
 crosses from the host. `for_capture` is the stand-in SGLang's decode CUDA-graph runner
 captures with.
 
-`ShapeConstants` holds what depends only on (batch size, window shape): the logits rows PARSE
-reads and the chain's tree indices. A captured graph bakes the logits rows in, so they must
-outlive the capture: the cache lives on the target's model runner, for the life of the
-process, and the capture input and every round take their rows from it.
-
-`ChainView` is what `eagle_sample` reads to accept draft tokens exactly as SGLang's own
-chain verification does (penalties, logit bias, grammar mask, sampling): it sees only the
-L+1 chain rows, as a topk=1 tree.
+The window's per-shape constants (its logits rows, the chain as `eagle_sample`'s tree) are
+`attention.window.ShapeConstants`.
 """
 
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
 from typing import Optional
 
 import torch
@@ -40,54 +33,6 @@ class ParseInputType(enum.Enum):
     `ParseVerifyInput` itself."""
 
     PARSE_VERIFY = "parse_verify"
-
-
-class ShapeConstants:
-    """Per-(batch size, window shape) tensors, made once on `device` and kept."""
-
-    def __init__(self, device):
-        self.device = device
-        self._logits_rows: dict[tuple[int, WindowShape], torch.Tensor] = {}
-        self._chains: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
-        self._made: dict = {}
-
-    def cached(self, key, make):
-        """`make()` on the first call with `key`, then the same object (constants of a batch shape
-        that other modules define, e.g. `window_plan`'s nothing-drafted plan)."""
-        if key not in self._made:
-            self._made[key] = make()
-        return self._made[key]
-
-    def logits_rows(self, batch_size: int, shape: WindowShape) -> torch.Tensor:
-        """[batch_size * read_rows] window rows PARSE reads, request-major (`WindowShape.logits_rows`)."""
-        key = (batch_size, shape)
-        if key not in self._logits_rows:
-            self._logits_rows[key] = shape.logits_rows(batch_size, self.device)
-        return self._logits_rows[key]
-
-    def chain_view(self, chain_tokens: torch.Tensor) -> "ChainView":
-        """chain_tokens [bs, L+1] (c_n, d_1..d_L) as the topk=1 tree `eagle_sample` verifies:
-        node j's only child is j + 1."""
-        bs, width = chain_tokens.shape
-        if (bs, width) not in self._chains:
-            next_token = torch.arange(1, width + 1, dtype=torch.int64, device=self.device)
-            next_token[-1] = -1
-            self._chains[bs, width] = (
-                torch.arange(bs * width, dtype=torch.int64, device=self.device).view(bs, width),
-                next_token.repeat(bs, 1),
-                torch.full((bs, width), -1, dtype=torch.int64, device=self.device),
-            )
-        index, next_token, next_sibling = self._chains[bs, width]
-        return ChainView(chain_tokens.reshape(-1), width, index, next_token, next_sibling)
-
-
-def shape_constants(model_runner) -> ShapeConstants:
-    """The target model runner's `ShapeConstants` (made on first use; it lives as long as the
-    runner, which is the process)."""
-    constants = getattr(model_runner, "parse_shape_constants", None)
-    if constants is None:
-        constants = model_runner.parse_shape_constants = ShapeConstants(model_runner.device)
-    return constants
 
 
 class ParseVerifyInput(SpecInput):
@@ -240,26 +185,3 @@ class ParseVerifyInput(SpecInput):
             else:
                 mask = torch.cat([mask, torch.ones(needed - mask.numel(), dtype=torch.bool, device=mask.device)])
         return kv_indices, kv_indptr, qo_indptr, mask
-
-
-@dataclass
-class ChainView:
-    """The chain rows of a PARSE window as the topk=1 tree `eagle_sample` verifies
-    (`ShapeConstants.chain_view`).
-
-    draft_token: [bs * (L+1)] c_n, d_1..d_L per request; node j's only child is j + 1.
-    """
-
-    draft_token: torch.Tensor
-    draft_token_num: int
-    retrieve_index: torch.Tensor
-    retrieve_next_token: torch.Tensor
-    retrieve_next_sibling: torch.Tensor
-    positions: Optional[torch.Tensor] = None
-    custom_mask: Optional[torch.Tensor] = None
-    draft_probs: Optional[torch.Tensor] = None
-    tree_topk: int = 1
-
-    @property
-    def max_tree_depth(self) -> int:
-        return self.draft_token_num

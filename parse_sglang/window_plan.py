@@ -22,30 +22,22 @@ from typing import Callable, NamedTuple, Optional, Sequence
 import torch
 from sglang.srt.managers.schedule_batch import FINISH_ABORT
 
-from parse_sglang.attention.window import FullMaskBuffer, WindowShape
+from parse_sglang.attention.window import FullMaskBuffer, ShapeConstants, WindowShape
 from parse_sglang.boundaries import TokenTexts, select_boundaries
 from parse_sglang.packing import fields_of, pack, unpack
+from parse_sglang.request_state import ResolvedRequest, state_of
 from parse_sglang.settings import ParseConfig, request_outputs, request_parse_config
 from parse_sglang.target_phase import in_target_phase, phase_limit
-from parse_sglang.verify_input import ParseVerifyInput, ShapeConstants
+from parse_sglang.verify_input import ParseVerifyInput
 
 
-@dataclass(frozen=True)
-class RequestSettings:
-    """What a request brings to every round, resolved once (`req.parse_request`)."""
-
-    config: ParseConfig  # the server's, with custom_params["parse"] applied
-    outputs: frozenset  # the output options it switched on (settings.REQUEST_OUTPUTS)
-    stop_ids: frozenset  # token ids that end the output (EOS, stop_token_ids); empty: ignore_eos
-
-
-def request_settings(req, server: ParseConfig) -> RequestSettings:
-    """The request's `RequestSettings`, resolved on its first round; a bad custom_params
+def resolve_request(req, server: ParseConfig) -> ResolvedRequest:
+    """The request's `ResolvedRequest`, resolved on its first round; a bad custom_params
     (SamplingParams.verify already refuses those in the main process) aborts the request
     and serves it losslessly."""
-    settings = getattr(req, "parse_request", None)
-    if settings is not None:
-        return settings
+    state = state_of(req)
+    if state.resolved is not None:
+        return state.resolved
     custom = req.sampling_params.custom_params
     try:
         config, outputs = request_parse_config(custom, server), request_outputs(custom)
@@ -58,8 +50,8 @@ def request_settings(req, server: ParseConfig) -> RequestSettings:
         stops = set(params.stop_token_ids or ()) | set(req.eos_token_ids or ())
         if req.tokenizer is not None and req.tokenizer.eos_token_id is not None:
             stops.add(req.tokenizer.eos_token_id)
-    req.parse_request = settings = RequestSettings(config, outputs, frozenset(stops))
-    return settings
+    state.resolved = ResolvedRequest(config, outputs, frozenset(stops))
+    return state.resolved
 
 
 @dataclass(frozen=True)
@@ -76,7 +68,7 @@ class RequestPolicy:
 
 def request_policy(req, server: ParseConfig) -> RequestPolicy:
     """This round's policy for `req`."""
-    settings = request_settings(req, server)
+    settings = resolve_request(req, server)
     config, params = settings.config, req.sampling_params
     budget, left = config.draft_budget, None
     if params.max_new_tokens is not None:  # one token of what is left is the round's bonus
@@ -201,15 +193,7 @@ class Window:
     shape: WindowShape
     plan: ProbePlan  # host; what the round's bookkeeping reads after acceptance
     chain_tokens: torch.Tensor  # [bs, L+1] c_n, d_1..d_L
-    draft_lens: torch.Tensor  # [bs] draft tokens that may be accepted (budget, stop token)
-    phase_limits: torch.Tensor  # [bs] most draft tokens a target phase lets a request accept
-    boundaries: torch.Tensor  # [bs, K'] real boundaries b_k the judge decides at, padded with 0
-    probe_slots: torch.Tensor  # [bs, K'] index of each boundary's probe among the request's window probes
-    judge_on: torch.Tensor  # [bs] bool: the judge may extend the request's acceptance
-    uses_probe: torch.Tensor  # [bs] bool: judged with the probe (its boundaries have probe rows)
-    uses_likelihood: torch.Tensor  # [bs] bool: judged by the draft tokens' target probabilities
-    thresholds: torch.Tensor  # [bs] τ
-    likelihood_thresholds: torch.Tensor  # [bs] λ
+    on_device: PlanOnDevice  # the plan as acceptance and the judge read it
     configs: list  # [bs] ParseConfig
     any_likelihood: bool  # some request is judged by likelihood (host-known)
 
@@ -289,15 +273,7 @@ def plan_window(
         shape=shape,
         plan=plan,
         chain_tokens=chain_tokens,
-        draft_lens=on_device.draft_lens,
-        phase_limits=on_device.phase_limits,
-        boundaries=on_device.boundaries,
-        probe_slots=on_device.probe_slots,
-        judge_on=on_device.judged,
-        uses_probe=on_device.probed,
-        uses_likelihood=on_device.likelihood,
-        thresholds=on_device.thresholds,
-        likelihood_thresholds=on_device.likelihood_thresholds,
+        on_device=on_device,
         configs=[p.config for p in policies],
         any_likelihood=bool(plan.likelihood.any()),
     )

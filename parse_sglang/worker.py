@@ -26,8 +26,8 @@ Conventions this worker keeps with SGLang's scheduler (sync V2 schema, no overla
   fixed shape (K_max probes, N_max rows) whenever the target's decode CUDA graph can replay
   it (`verify_window` "auto"), else the batch's own probe count; a batch in which no request
   probes verifies only its L+1 chain rows (captured as a graph of its own).
-- The round's L is the server's, or with `adaptive` the tier `adaptive.AdaptiveDraftLength`
-  chooses for the batch, from the costs it measured at the round's host/device crossings and
+- The round's L is the draft-length policy's (`draft_length.py`): the server's, or with
+  `adaptive` the tier `adaptive.AdaptiveDraftLength` chooses for the batch, from the costs it measured at the round's host/device crossings and
   the acceptance it saw. Tier 0 (`_decode_steps`): up to `tier0_steps` plain decode steps back
   to back on the device, the draft idle, the result on the host once.
 - Output: `next_token_ids` is [bs * (L+1)], request i's emitted tokens d_1..d_a, t_a at
@@ -58,27 +58,23 @@ from sglang.srt.speculative.eagle_utils import default_tree_mask_mode
 
 from parse_sglang.acceptance import Accepted, round_result
 from parse_sglang.adaptive import AdaptiveDraftLength
-from parse_sglang.attention.window import FullMaskBuffer
+from parse_sglang.attention.window import FullMaskBuffer, WindowGeometry, shape_constants
 from parse_sglang.boundaries import TokenTexts
 from parse_sglang.counters import ServerTotals, record_round_stats
 from parse_sglang.draft_chain import DraftChain
+from parse_sglang.draft_length import FixedDraftLength
 from parse_sglang.judge import answer_columns
 from parse_sglang.round_acceptance import accept_round
 from parse_sglang.scheduler_patches.draft_kv_budget import kv_bytes_per_token
 from parse_sglang.scheduler_patches.verify_graph import VerifyGraphs
 from parse_sglang.settings import (
     ParseConfig,
-    fixed_window_shape,
     judge_probe_for,
-    max_probes,
     server_parse_config,
     target_tokenizer,
-    verify_window_max,
-    window_shapes,
 )
 from parse_sglang.target_phase import update_target_phases
 from parse_sglang.tp_sync import TpSync
-from parse_sglang.verify_input import shape_constants
 from parse_sglang.verify_pass import Committed, next_round_input, set_lengths, target_verify
 from parse_sglang.window_plan import Window, plan_window, request_policy
 
@@ -105,7 +101,8 @@ class ParseWorker(BaseSpecWorker):
         if self.probe:
             self.suffix_ids = torch.tensor(self.probe.suffix_ids, dtype=torch.int64, device=self.device)
             self.answer_columns = answer_columns(self.probe, self.device)
-        self.window_max = verify_window_max(self.config, len(self.probe.suffix_ids) if self.probe else 0)
+        self.geometry = WindowGeometry(self.config, len(self.probe.suffix_ids) if self.probe else 0)
+        self.window_max = self.geometry.max_rows
         reserved = spec.max_speculative_num_draft_tokens
         if reserved is not None and reserved < self.window_max:
             raise ValueError(
@@ -122,7 +119,9 @@ class ParseWorker(BaseSpecWorker):
             server_args, gpu_id, nccl_port, target_worker, self.config.chain_lengths,
             samples=self.config.judge or self.rejection_sampling,
         )  # fmt: skip
-        self.adaptive = AdaptiveDraftLength.of(self.config) if self.config.adaptive else None
+        self.draft_length = (
+            AdaptiveDraftLength.of(self.config) if self.config.adaptive else FixedDraftLength(self.config.draft_budget)
+        )
         self.totals = ServerTotals()  # get_server_info()'s "parse" entry
         self.tp = TpSync.of_tp_group()  # rank 0's plan and decisions on every TP rank
         logger.info(
@@ -161,8 +160,6 @@ class ParseWorker(BaseSpecWorker):
         and the longest output a request has left, and 1 where a step's token must reach the
         host before the next is sampled (a grammar, penalties) or logprobs are returned (every
         rank knows the same of its batch)."""
-        if self.adaptive is None:
-            return self.config.draft_budget, 1
         info = batch.sampling_info
         stepwise = (
             batch.has_grammar
@@ -172,11 +169,8 @@ class ParseWorker(BaseSpecWorker):
         longest = max(self.config.tier0_steps if p.left is None else p.left for p in policies)
         steps = 1 if stepwise else max(min(self.config.tier0_steps, self.config.draft_budget + 1, longest), 1)
         probes = self.probe is not None and any(p.judged and p.config.uses_probe for p in policies)
-
-        def rows_of(length: int) -> int:  # the chain alone where no request of the batch probes
-            return fixed_window_shape(self.config, len(self.probe.suffix_ids), length).rows if probes else length + 1
-
-        return self.tp.share_length(self.adaptive.choose(batch.reqs, policies, rows_of, steps)), steps
+        length = self.draft_length.choose(batch.reqs, policies, lambda L: self.geometry.rows(L, probes), steps)
+        return (self.tp.share_length(length) if self.draft_length.per_round else length), steps
 
     def _decode_steps(self, batch: ScheduleBatch, committed: Committed, policies, steps: int):
         """Tier 0: `steps` plain decode steps for the batch, back to back on the device: each a
@@ -221,8 +215,7 @@ class ParseWorker(BaseSpecWorker):
         """Boundaries per request (the drafts' one trip to the host), then one device-built
         window for all of them (the plan's one trip to the device)."""
         drafts_host = drafts.cpu()
-        if self.adaptive is not None:
-            self.adaptive.drafts_on_host()  # the end of the round's draft part (its measured cost)
+        self.draft_length.drafts_on_host()  # the end of the round's draft part (its measured cost)
         return plan_window(
             drafts_host=drafts_host,
             last_tokens=committed.last_tokens,
@@ -231,7 +224,7 @@ class ParseWorker(BaseSpecWorker):
             policies=policies,
             texts=self.texts,
             suffix_ids=self.suffix_ids,
-            fixed_probes=max_probes(self.config, drafts.shape[1]) if self._fixed_window() else None,
+            fixed_probes=self.geometry.max_probes(drafts.shape[1]) if self._fixed_window() else None,
             constants=self.constants,
             mask_buffer=self.mask_buffer,
             share=self.tp.share_plan,  # TP: rank 0's drafts and boundaries on every rank
@@ -251,11 +244,10 @@ class ParseWorker(BaseSpecWorker):
 
     def _record(self, reqs, window: Window, accepted: Accepted, graphed: bool, steps: int = 1) -> None:
         """The round's result on the host (its one copy back): counters, target phases, and
-        what the adaptive controller learns (the round's costs, each request's acceptance);
+        what the draft-length policy learns (an adaptive server's: the round's costs, each request's acceptance);
         steps: the verify passes of a tier-0 round."""
         result = round_result(accepted)
-        if self.adaptive is not None:
-            self.adaptive.observe_round(reqs, window.shape.draft_len, window.shape.rows, window.plan, result, steps)
+        self.draft_length.after_round(reqs, window, result, steps)
         record_round_stats(self.totals, reqs, window, result, graphed, steps)
         update_target_phases(
             self.texts, reqs, window.configs, window.plan.judged.tolist(), window.plan.draft_lens.tolist(),
@@ -333,17 +325,16 @@ class ParseWorker(BaseSpecWorker):
 
     def init_cuda_graphs(self):
         """The draft chain's graphs; then, where the target's verify graph is captured, one per
-        other window shape a round can have (`settings.window_shapes`: per draft length, the
+        other window shape a round can have (`WindowGeometry.shapes`: per draft length, the
         chain alone and with K_max probes)."""
         super().init_cuda_graphs()
-        self.verify_graphs.capture(window_shapes(self.config, len(self.probe.suffix_ids) if self.probe else 0))
+        self.verify_graphs.capture(self.geometry.shapes())
 
     def server_state(self) -> dict:
         """get_server_info()'s "parse" entry: the totals, and an adaptive server's cost table."""
         state = self.totals.summary()
         state["kv_bytes_per_token"] = kv_bytes_per_token(self.model_runner, self.draft_runner)
-        if self.adaptive is not None:
-            state["cost_table"] = self.adaptive.costs.to_json()
+        state.update(self.draft_length.server_state())
         return state
 
     @property

@@ -7,9 +7,8 @@ from __future__ import annotations
 
 import torch
 
-from parse_sglang.attention.window import FullMaskBuffer
+from parse_sglang.attention.window import FullMaskBuffer, ShapeConstants
 from parse_sglang.boundaries import TokenTexts
-from parse_sglang.verify_input import ShapeConstants
 from parse_sglang.window_plan import RequestPolicy, Window, plan_window
 
 

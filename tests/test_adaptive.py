@@ -54,6 +54,27 @@ def observe(controller, reqs, tier: int, accepted: list[int], draft_s: float = 0
     controller.observe(reqs, tier, rows_of(tier), plan, SimpleNamespace(lengths=accepted), draft_s, rest_s, steps)
 
 
+def test_draft_length_policies_fixed_and_adaptive():
+    """The worker asks one policy every round: fixed L (no TP broadcast, nothing shown), or the
+    adaptive controller, whose `after_round` learns the round and times it with its own clock."""
+    from parse_sglang.draft_length import FixedDraftLength
+
+    fixed = FixedDraftLength(8)
+    assert not fixed.per_round and fixed.server_state() == {}
+    assert fixed.choose([SimpleNamespace()], policies(1), rows_of, steps=4) == 8
+    adaptive = AdaptiveDraftLength.of(ParseConfig(draft_budget=8, adaptive=True))
+    assert adaptive.per_round and adaptive.tiers == [0, 4, 8]
+    req = SimpleNamespace()
+    tier = adaptive.choose([req], policies(1, budget=8), rows_of, steps=4)
+    assert tier == 8  # nothing measured: the longest tier first
+    adaptive.drafts_on_host()
+    plan = SimpleNamespace(draft_lens=torch.tensor([8]))
+    window = SimpleNamespace(shape=SimpleNamespace(draft_len=8, rows=9), plan=plan)
+    adaptive.after_round([req], window, SimpleNamespace(lengths=[5]), steps=1)
+    assert req.parse.acceptance.expected(8, adaptive.pooled) > 0  # the request's curve saw the round
+    assert adaptive.server_state()["cost_table"] == adaptive.costs.to_json()
+
+
 def test_bucket_is_next_power_of_two():
     assert [bucket(b) for b in (1, 2, 3, 4, 5, 8, 9, 32, 33)] == [1, 2, 4, 4, 8, 8, 16, 32, 64]
 

@@ -12,6 +12,7 @@ import torch
 from parse_sglang import counters
 from parse_sglang.acceptance import RoundResult
 from parse_sglang.counters import COUNTERS, TOTALS, ServerTotals, record_round, record_round_stats
+from parse_sglang.request_state import RequestState
 from parse_sglang.settings import RETURN_PROBE_SCORES
 
 PACKAGE = Path(counters.__file__).resolve().parent
@@ -74,7 +75,7 @@ def test_a_tier_zero_round_of_decode_steps_counts_each_step_as_a_round():
     one token each), k verify passes, one batch round."""
     reqs, totals = [_Req(), _Req()], ServerTotals()
     for req, outputs in zip(reqs, ((RETURN_PROBE_SCORES,), ())):
-        req.parse_request = SimpleNamespace(outputs=outputs)
+        req.parse = RequestState(resolved=SimpleNamespace(outputs=outputs))
     plan = SimpleNamespace(draft_lens=torch.zeros(2, dtype=torch.int64), bounds=torch.zeros(2, 0, dtype=torch.int64),
                            probed=torch.zeros(2, dtype=torch.bool), likelihood=torch.zeros(2, dtype=torch.bool),
                            drafts=torch.zeros(2, 0, dtype=torch.int64))  # fmt: skip

@@ -95,7 +95,7 @@ def test_tier0_round_plans_without_crossing(cpu_runtime):
     """An adaptive tier-0 round (nothing drafted) has nothing to place or judge: after its batch
     size's first round, its window is planned with no host-device copy at all, while a round
     with drafts uploads its plan once (the control)."""
-    from parse_sglang.verify_input import ShapeConstants
+    from parse_sglang.attention.window import ShapeConstants
     from parse_sglang.window_plan import RequestPolicy, plan_window
 
     constants = ShapeConstants(torch.device("cpu"))
@@ -119,8 +119,12 @@ def test_tier0_round_plans_without_crossing(cpu_runtime):
         assert counter.counts() == crossings, (length, counter.events)
         assert window.shape.rows == length + 1 and window.chain_tokens[:, 0].tolist() == [5, 6]
     tier0 = plan(0, first)
-    assert tier0.draft_lens.tolist() == [0, 0] and tier0.plan.draft_lens.tolist() == [0, 0]
-    assert not tier0.judge_on.any() and not tier0.uses_probe.any() and tier0.verify_input.positions.tolist() == [3, 4]
+    assert tier0.on_device.draft_lens.tolist() == [0, 0] and tier0.plan.draft_lens.tolist() == [0, 0]
+    assert (
+        not tier0.on_device.judged.any()
+        and not tier0.on_device.probed.any()
+        and tier0.verify_input.positions.tolist() == [3, 4]
+    )
 
 
 def test_tier0_decode_steps_read_the_device_once_per_round(tiny_pair, engine_factory, tmp_path):

@@ -723,7 +723,7 @@ def test_eagle_sample_samples_on_cpu(sglang_verify, seed, mode, thresholds):
     from sglang.srt.layers.logits_processor import LogitsProcessorOutput
     from sglang.srt.runtime_context import get_spec
 
-    from parse_sglang.verify_input import ShapeConstants
+    from parse_sglang.attention.window import ShapeConstants
 
     eagle_utils = sglang_verify
     bs, width, vocab, temperature, top_k, top_p = 6, 4, 12, 0.9, 8, 0.9

@@ -114,10 +114,10 @@ def test_graph_reservations_of_the_design_example():
     plus the chain-only verify graph's KV indices (33 rows), with the logits buffer cut to the
     37 rows PARSE reads per request."""
     from parse_sglang.graph_memory import MIB, GraphReservations
-    from parse_sglang.settings import window_shapes
+    from parse_sglang.attention.window import WindowGeometry
 
     def reservations(config: ParseConfig, suffix_len: int) -> GraphReservations:
-        widths = tuple(s.rows for s in window_shapes(config, suffix_len))
+        widths = tuple(s.rows for s in WindowGeometry(config, suffix_len).shapes())
         return GraphReservations(max_bs=48, window_rows=max(widths), read_rows=37 if suffix_len else 33,
                                  verify_widths=widths, draft_steps=tuple(L + 2 for L in config.chain_lengths),
                                  context_len=40960, vocab_size=151936)  # fmt: skip

@@ -506,14 +506,15 @@ def test_window_bound_holds_for_every_boundary_placement():
     import random
 
     from parse_sglang.boundaries import select_boundaries
-    from parse_sglang.settings import max_probes, verify_window_max
+    from parse_sglang.attention.window import WindowGeometry
 
     rng = random.Random(0)
     for _ in range(300):
         config = ParseConfig(draft_budget=rng.randint(1, 40), probe_stride=rng.randint(1, 10))
         texts = [rng.choice(["a", "b.", " c", "\n", "! ", "d"]) for _ in range(config.draft_budget)]
         bounds = select_boundaries(texts, config.probe_stride, config.delimiters)
-        assert len(bounds) <= max_probes(config)
-    config = ParseConfig(draft_budget=32, probe_stride=8)
-    assert max_probes(config) == 4 and verify_window_max(config, 40) == 193
-    assert verify_window_max(ParseConfig(draft_budget=32, judge=False), 40) == 33
+        assert len(bounds) <= WindowGeometry(config, 40).max_probes()
+    geometry = WindowGeometry(ParseConfig(draft_budget=32, probe_stride=8), 40)
+    assert geometry.max_probes() == 4 and geometry.max_rows == 193
+    assert geometry.rows(8, probes=True) == 1 + 8 + 1 * 40 and geometry.rows(8, probes=False) == 9
+    assert WindowGeometry(ParseConfig(draft_budget=32, judge=False), 40).max_rows == 33

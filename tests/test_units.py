@@ -186,10 +186,12 @@ def test_judge_mode_settings_are_checked():
 
 
 def test_likelihood_server_has_no_probe_rows_and_refuses_probe_requests():
-    from parse_sglang.settings import max_probes, request_parse_config, verify_window_max
+    from parse_sglang.attention.window import WindowGeometry
+    from parse_sglang.settings import request_parse_config
 
     server = ParseConfig(draft_budget=16, judge_mode="likelihood")
-    assert max_probes(server) == 0 and verify_window_max(server, suffix_len=23) == 17  # L + 1 rows
+    geometry = WindowGeometry(server, suffix_len=23)
+    assert geometry.max_probes() == 0 and geometry.max_rows == 17  # L + 1 rows
     ok = request_parse_config({"parse": {"likelihood_threshold": 0.8, "probe_stride": 2}}, server)
     assert ok.likelihood_threshold == 0.8 and ok.probe_stride == 2  # boundaries only: no probe rows needed
     with pytest.raises(ValueError, match=r"judge_mode='both' is invalid: the server's verify window has no probe rows"):

@@ -1,4 +1,5 @@
-"""The verify window of a decode batch, built on the device from compact descriptors.
+"""The verify window: its shape, the shapes a server's rounds can have, and its tensors,
+built on the device from compact descriptors.
 
 In SGLang every request of a TARGET_VERIFY batch has the same number of rows, so a
 PARSE batch's window has one shape (`WindowShape`): N = 1 + L + K*m rows per request,
@@ -14,6 +15,13 @@ logits rows PARSE reads. So nothing whose size grows with the context is built o
 or copied to the device, and a fixed shape (K = K_max) gives the same tensors shapes every
 round, which is what a CUDA graph needs.
 
+`WindowGeometry` is every window a server's rounds can have (its L, tiers, K_max and m):
+the worker, the CUDA-graph capture and the start-up memory bound read the same one.
+`ShapeConstants` holds what depends only on (batch size, window shape): the logits rows PARSE
+reads and the chain's tree indices (`ChainView`, what SGLang's `eagle_sample` verifies). A
+captured graph bakes the logits rows in, so they must outlive the capture: the cache lives on
+the target's model runner, for the life of the process.
+
 Logits rows are request-major: request b's chain rows, then the last row of each of its
 probes, at b*N + ...; SGLang's graph runner keeps the first raw_bs*N output rows of a
 padded batch, which then always hold every real request's rows.
@@ -22,11 +30,13 @@ padded batch, which then always hold every real request's rows.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 from torch import Tensor
 
 from parse_sglang.attention.layout import row_offsets, row_reach, row_roles, visible
+from parse_sglang.settings import ParseConfig, judge_probe_for
 
 
 @dataclass(frozen=True)
@@ -70,6 +80,53 @@ class WindowShape:
         """Rows of `logits_rows` -> (chain logits [bs, L+1, V], probe logits [bs, K, V])."""
         rows = logits[: batch_size * self.read_rows].view(batch_size, self.read_rows, -1)
         return rows[:, : self.chain_rows], rows[:, self.chain_rows :]
+
+
+@dataclass(frozen=True)
+class WindowGeometry:
+    """Every window a server's rounds can have: its settings (L, tiers, probe stride, judge)
+    and m, the judge suffix's tokens (0 without the probe)."""
+
+    config: ParseConfig
+    suffix_len: int
+
+    @classmethod
+    def of_server(cls, config: ParseConfig, tokenizer_path: str, trust_remote_code: bool = False) -> "WindowGeometry":
+        """m counted with the worker's own probe builder, so every process sizes the same window."""
+        if not config.uses_probe:
+            return cls(config, 0)
+        return cls(config, len(judge_probe_for(tokenizer_path, config.judge_question, trust_remote_code).suffix_ids))
+
+    def max_probes(self, draft_len: Optional[int] = None) -> int:
+        """K_max: the most boundaries `select_boundaries` returns for a draft of L tokens (the
+        server's L, or `draft_len`): interior segment ends at least probe_stride apart, plus the end."""
+        length = self.config.draft_budget if draft_len is None else draft_len
+        if not self.config.uses_probe or length < 1:
+            return 0
+        return (length - 1) // self.config.probe_stride + 1
+
+    def fixed(self, draft_len: Optional[int] = None) -> WindowShape:
+        """The largest window of a round drafting L tokens: K_max probes of m rows (what a fixed
+        window always has, and a CUDA graph captures)."""
+        length = self.config.draft_budget if draft_len is None else draft_len
+        probes = self.max_probes(length)
+        return WindowShape(length, probes, self.suffix_len if probes else 0)
+
+    def rows(self, draft_len: int, probes: bool) -> int:
+        """Verify rows per request of a round drafting `draft_len` tokens: the fixed window where
+        a request of the batch probes, else the chain alone."""
+        return self.fixed(draft_len).rows if probes else draft_len + 1
+
+    @property
+    def max_rows(self) -> int:
+        """N_max = 1 + L + K_max * m: the verify rows one request may need in a round."""
+        return self.fixed().rows
+
+    def shapes(self) -> list[WindowShape]:
+        """Every shape a round can have with a fixed window: per tier, the chain alone and, where
+        the server probes, K_max probes."""
+        shapes = {WindowShape(L, 0, 0) for L in self.config.tiers} | {self.fixed(L) for L in self.config.tiers}
+        return sorted(shapes, key=lambda s: (s.draft_len, s.num_probes))
 
 
 def window_inputs(
@@ -171,3 +228,74 @@ class FullMaskBuffer:
         self.buffer[positions] = mask_qlen_only.reshape(-1).to(torch.bool)
         self._written = positions
         return self.buffer[:size]
+
+
+class ShapeConstants:
+    """Per-(batch size, window shape) tensors, made once on `device` and kept."""
+
+    def __init__(self, device):
+        self.device = device
+        self._logits_rows: dict[tuple[int, WindowShape], torch.Tensor] = {}
+        self._chains: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+        self._made: dict = {}
+
+    def cached(self, key, make):
+        """`make()` on the first call with `key`, then the same object (constants of a batch shape
+        that other modules define, e.g. `window_plan`'s nothing-drafted plan)."""
+        if key not in self._made:
+            self._made[key] = make()
+        return self._made[key]
+
+    def logits_rows(self, batch_size: int, shape: WindowShape) -> torch.Tensor:
+        """[batch_size * read_rows] window rows PARSE reads, request-major (`WindowShape.logits_rows`)."""
+        key = (batch_size, shape)
+        if key not in self._logits_rows:
+            self._logits_rows[key] = shape.logits_rows(batch_size, self.device)
+        return self._logits_rows[key]
+
+    def chain_view(self, chain_tokens: torch.Tensor) -> "ChainView":
+        """chain_tokens [bs, L+1] (c_n, d_1..d_L) as the topk=1 tree `eagle_sample` verifies:
+        node j's only child is j + 1."""
+        bs, width = chain_tokens.shape
+        if (bs, width) not in self._chains:
+            next_token = torch.arange(1, width + 1, dtype=torch.int64, device=self.device)
+            next_token[-1] = -1
+            self._chains[bs, width] = (
+                torch.arange(bs * width, dtype=torch.int64, device=self.device).view(bs, width),
+                next_token.repeat(bs, 1),
+                torch.full((bs, width), -1, dtype=torch.int64, device=self.device),
+            )
+        index, next_token, next_sibling = self._chains[bs, width]
+        return ChainView(chain_tokens.reshape(-1), width, index, next_token, next_sibling)
+
+
+def shape_constants(model_runner) -> ShapeConstants:
+    """The target model runner's `ShapeConstants` (made on first use; it lives as long as the
+    runner, which is the process)."""
+    constants = getattr(model_runner, "parse_shape_constants", None)
+    if constants is None:
+        constants = model_runner.parse_shape_constants = ShapeConstants(model_runner.device)
+    return constants
+
+
+@dataclass
+class ChainView:
+    """The chain rows of a PARSE window as the topk=1 tree `eagle_sample` verifies
+    (`ShapeConstants.chain_view`).
+
+    draft_token: [bs * (L+1)] c_n, d_1..d_L per request; node j's only child is j + 1.
+    """
+
+    draft_token: torch.Tensor
+    draft_token_num: int
+    retrieve_index: torch.Tensor
+    retrieve_next_token: torch.Tensor
+    retrieve_next_sibling: torch.Tensor
+    positions: Optional[torch.Tensor] = None
+    custom_mask: Optional[torch.Tensor] = None
+    draft_probs: Optional[torch.Tensor] = None
+    tree_topk: int = 1
+
+    @property
+    def max_tree_depth(self) -> int:
+        return self.draft_token_num

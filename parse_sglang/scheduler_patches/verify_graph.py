@@ -19,8 +19,8 @@ request (PARSE answers N_max, spec_algo.py) but has no PARSE input to capture wi
 window itself has a fixed shape in "auto" mode whenever the graph is captured
 (worker._fixed_window), so the captured logits rows are the ones every replay reads.
 
-`VerifyGraphs` adds a runner for every other window shape a round can have (`settings.
-window_shapes`: the chain-only width L + 1, for a batch in which no request probes, and with
+`VerifyGraphs` adds a runner for every other window shape a round can have (`WindowGeometry.
+shapes`: the chain-only width L + 1, for a batch in which no request probes, and with
 adaptive draft lengths each tier's widths), built the way SGLang's adaptive-steps runtime
 states build theirs (a runner with its own attention backend), and swaps
 `ModelRunner.decode_cuda_graph_runner` for the round's shape.
@@ -79,17 +79,11 @@ def _parse_window(spec_algorithm, is_draft_worker: bool) -> Optional[WindowShape
         return shape
     from sglang.srt.runtime_context import get_model, get_server_args, get_serving, get_spec
 
-    from parse_sglang.settings import fixed_window_shape, judge_probe_for, server_parse_config
+    from parse_sglang.attention.window import WindowGeometry
+    from parse_sglang.settings import server_parse_config
 
     config = server_parse_config(get_server_args(), get_spec().speculative_num_steps)
-    suffix = 0
-    if config.uses_probe:
-        suffix = len(
-            judge_probe_for(
-                get_serving().tokenizer_path, config.judge_question, get_model().trust_remote_code
-            ).suffix_ids
-        )
-    return fixed_window_shape(config, suffix)
+    return WindowGeometry.of_server(config, get_serving().tokenizer_path, get_model().trust_remote_code).fixed()
 
 
 def capture_spec_info(original, runner, num_tokens: int):
@@ -98,7 +92,8 @@ def capture_spec_info(original, runner, num_tokens: int):
     shape = _parse_window(model_runner.spec_algorithm, model_runner.is_draft_worker)
     if shape is None:
         return original(runner, num_tokens)
-    from parse_sglang.verify_input import ParseVerifyInput, shape_constants
+    from parse_sglang.attention.window import shape_constants
+    from parse_sglang.verify_input import ParseVerifyInput
 
     rows = shape_constants(model_runner).logits_rows(num_tokens // shape.rows, shape)
     return ParseVerifyInput.for_capture(shape, rows, runner.buffers.custom_mask)

@@ -1,0 +1,39 @@
+"""How long a round drafts: a policy the worker asks before each round (`choose`) and tells
+after it (`after_round`); what it measures, it times itself (docs/adaptive.md).
+
+- `FixedDraftLength`: every round drafts the server's L (`adaptive: false`).
+- `adaptive.AdaptiveDraftLength` (`adaptive: true`): the tier whose expected tokens per second,
+  by its measured costs and each request's acceptance so far, is the best.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+
+class DraftLengthPolicy:
+    per_round = False  # True: L changes from round to round (a TP server's ranks take rank 0's)
+
+    def choose(self, reqs, policies: Sequence, rows_of: Callable[[int], int], steps: int) -> int:
+        """This round's L. reqs and their `window_plan.RequestPolicy`s; rows_of(L): verify rows per
+        request at L; steps: the decode steps a round of L = 0 would run."""
+        raise NotImplementedError
+
+    def drafts_on_host(self) -> None:
+        """The round's drafts reached the host: its draft part ends."""
+
+    def after_round(self, reqs, window, result, steps: int) -> None:
+        """The round's `window_plan.Window` and its host result (`acceptance.RoundResult`);
+        steps: its verify passes."""
+
+    def server_state(self) -> dict:
+        """What get_server_info()'s "parse" entry shows of the policy."""
+        return {}
+
+
+class FixedDraftLength(DraftLengthPolicy):
+    def __init__(self, length: int):
+        self.length = length
+
+    def choose(self, reqs, policies, rows_of, steps) -> int:
+        return self.length

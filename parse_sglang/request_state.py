@@ -1,0 +1,36 @@
+"""What PARSE keeps on one SGLang request, across its rounds: `req.parse`, one `RequestState`
+(SGLang's `Req` has no slot for an algorithm's own state, so it is one attribute). Plain data,
+no SGLang import: the SGLang-free modules (counters, adaptive) read it too."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from parse_sglang.settings import ParseConfig
+
+
+@dataclass(frozen=True)
+class ResolvedRequest:
+    """What a request brings to every round, resolved on its first (`window_plan.resolve_request`)."""
+
+    config: ParseConfig  # the server's, with custom_params["parse"] applied
+    outputs: frozenset  # the output options it switched on (settings.REQUEST_OUTPUTS)
+    stop_ids: frozenset  # token ids that end the output (EOS, stop_token_ids); empty: ignore_eos
+
+
+@dataclass
+class RequestState:
+    resolved: Optional[ResolvedRequest] = None  # None until its first round
+    stats: Optional[dict] = None  # its meta_info["parse"] counters (counters.py); None until its first round
+    acceptance: Optional[object] = None  # adaptive.Acceptance: its accepted lengths so far (an adaptive server's)
+    target_phase: Optional[list] = None  # tokens of its current target phase (target_phase.py); None: not in one
+    draft_behind: int = 0  # committed tokens whose draft KV tier-0 rounds skipped (draft_chain.py)
+
+
+def state_of(req) -> RequestState:
+    """`req.parse`, made on first use."""
+    state = getattr(req, "parse", None)
+    if state is None:
+        state = req.parse = RequestState()
+    return state
