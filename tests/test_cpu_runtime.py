@@ -127,3 +127,10 @@ def test_installed_sgl_kernel_is_shadowed_only_when_broken(tmp_path, works):
         assert out == {"standins": ["torchvision"], "real": True}
     else:
         assert out == {"standins": ["sgl_kernel", "torchvision"], "real": False}
+
+
+def test_bind_syntax_names_each_core():
+    """SGLANG_CPU_OMP_THREADS_BIND's per-rank entries ('|' separates the ranks) as core ids."""
+    from sglang_cpu.threads_binding import cores_of
+
+    assert cores_of("0") == [0] and cores_of("0-3") == [0, 1, 2, 3] and cores_of("0,2,4-5") == [0, 2, 4, 5]

@@ -61,6 +61,7 @@ PATCHES = [
     "sglang_cpu.torch_native_draft",  # its multi-step draft backend
     "sglang_cpu.cpu_graphs",  # SGLang's graph runners on CPU: inert unless CPU_GRAPHS_ENV asks
     "sglang_cpu.sampling_patch",  # SGLang's sampling verification (eagle_sample) on CPU
+    "sglang_cpu.threads_binding",  # each rank (TP, DP replica) on its SGLANG_CPU_OMP_THREADS_BIND cores
 ]
 FLASHINFER_PATCH = "sglang_cpu.flashinfer_on_cpu"  # where the FlashInfer stand-in is imported
 
