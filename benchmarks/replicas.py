@@ -33,7 +33,6 @@ import gpu_serving  # noqa: E402
 from parse_sglang.demo import DEFAULT_LIKELIHOOD_THRESHOLD, table  # noqa: E402
 from parse_sglang.settings import ParseConfig, parse_engine_kwargs  # noqa: E402
 
-CPU_BIND_ENV = "SGLANG_CPU_OMP_THREADS_BIND"
 LAYOUTS = {1: "0", 2: "0|1"}  # replicas -> the cores they are pinned to
 
 
@@ -63,8 +62,12 @@ def engine_settings(args) -> dict:
 
 def run(pair, settings: dict, replicas: int, args) -> dict:
     import sglang
+    import torch
 
-    os.environ[CPU_BIND_ENV] = LAYOUTS[replicas]  # the scheduler processes inherit it
+    if not torch.cuda.is_available():  # a GPU replica has its own GPU
+        from sglang_cpu import CPU_BIND_ENV
+
+        os.environ[CPU_BIND_ENV] = LAYOUTS[replicas]  # the scheduler processes inherit it
     kwargs = {"dtype": pair.dtype, **engine_settings(args), **settings}
     engine = sglang.Engine(model_path=pair.target, dp_size=replicas, **kwargs)
     params = {"temperature": 0.0, "max_new_tokens": args.max_new_tokens}

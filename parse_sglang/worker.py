@@ -51,7 +51,7 @@ from sglang.srt.layers.logprob_processor import compute_spec_logprobs
 from sglang.srt.managers.schedule_batch import ScheduleBatch
 from sglang.srt.managers.tp_worker import TpModelWorker
 from sglang.srt.managers.utils import GenerationBatchResult
-from sglang.srt.runtime_context import get_device, get_model, get_schedule, get_serving, get_spec
+from sglang.srt.runtime_context import get_device, get_model, get_parallel, get_schedule, get_serving, get_spec
 from sglang.srt.server_args import ServerArgs
 from sglang.srt.speculative.base_spec_worker import BaseSpecWorker
 from sglang.srt.speculative.eagle_utils import default_tree_mask_mode
@@ -331,8 +331,10 @@ class ParseWorker(BaseSpecWorker):
         self.verify_graphs.capture(self.geometry.shapes())
 
     def server_state(self) -> dict:
-        """get_server_info()'s "parse" entry: the totals, and an adaptive server's cost table."""
+        """get_server_info()'s "parse" entry: the totals, the replica they are of (`--dp-size`), and
+        an adaptive server's cost table."""
         state = self.totals.summary()
+        state["dp_rank"] = get_parallel().dp_rank or 0
         state["kv_bytes_per_token"] = kv_bytes_per_token(self.model_runner, self.draft_runner)
         state.update(self.draft_length.server_state())
         return state

