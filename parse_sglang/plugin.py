@@ -41,6 +41,7 @@ INSTALLERS = [
     _PATCHES + "metrics",  # the totals on /metrics
     _PATCHES + "decode_log",  # a PARSE line in the decode log
     _PATCHES + "verify_graph",  # the verify pass under SGLang's decode CUDA graph
+    _PATCHES + "pd_peer",  # a PD decode server takes requests only from prefill servers with its draft
 ]
 
 _installed: list[str] | None = None

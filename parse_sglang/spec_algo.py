@@ -41,6 +41,11 @@ REGISTRATION_SIGNATURES = {
         "'Optional[ServerArgsValidator]' = None, spec_class: 'Type[CustomSpecAlgo]' = "
         "<class 'sglang.srt.speculative.spec_registry.CustomSpecAlgo'>) -> 'Callable[[WorkerFactory], WorkerFactory]'"
     ),
+    # a PD decode server's first round (ParseSpecAlgo.build_disagg_draft_input)
+    "sglang.srt.speculative.spec_registry.CustomSpecAlgo.build_disagg_draft_input": (
+        "(self, batch: 'ScheduleBatch', last_tokens_tensor: 'torch.Tensor', future_map: 'FutureMap') "
+        "-> 'Optional[SpecInput]'"
+    ),
 }
 HOOKED_SIGNATURES = REGISTRATION_SIGNATURES
 
@@ -69,7 +74,6 @@ def validate_parse_server_args(sa) -> None:
         ("--page-size", sa.page_size, sa.page_size in (None, 1), "1"),
         ("--pp-size", sa.pp_size, sa.pp_size == 1, "1"),
         ("--enable-dp-attention", attn_dp_enabled_of(sa), not attn_dp_enabled_of(sa), "off"),
-        ("--disaggregation-mode", sa.disaggregation_mode, sa.disaggregation_mode in (None, "null"), '"null"'),
         ("--enable-lora", sa.enable_lora, not sa.enable_lora and not sa.lora_paths, "off (no LoRA adapters)"),
         (
             "--speculative-adaptive",
@@ -193,6 +197,15 @@ class ParseSpecAlgo(CustomSpecAlgo):
 
     def carries_draft_hidden_states(self) -> bool:
         return False
+
+    def build_disagg_draft_input(self, batch, last_tokens_tensor, future_map):
+        """A PD decode server's first round of requests prefilled elsewhere: the prefill server
+        sent the prompt's target and draft KV (the draft pool is SGLang's primary draft pool on
+        both sides) and the first token it sampled, this round's c_n. Without it a decode batch
+        that merges these requests merges a None spec_info and fails."""
+        from parse_sglang.verify_pass import next_round_input
+
+        return next_round_input(last_tokens_tensor)
 
     def need_topk(self) -> bool:
         return False

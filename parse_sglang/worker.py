@@ -66,6 +66,7 @@ from parse_sglang.draft_length import FixedDraftLength
 from parse_sglang.judge import answer_columns
 from parse_sglang.round_acceptance import accept_round
 from parse_sglang.scheduler_patches.draft_kv_budget import kv_bytes_per_token
+from parse_sglang.scheduler_patches.pd_peer import draft_identity
 from parse_sglang.scheduler_patches.verify_graph import VerifyGraphs
 from parse_sglang.settings import (
     ParseConfig,
@@ -331,13 +332,18 @@ class ParseWorker(BaseSpecWorker):
         self.verify_graphs.capture(self.geometry.shapes())
 
     def server_state(self) -> dict:
-        """get_server_info()'s "parse" entry: the totals, the replica they are of (`--dp-size`), and
-        an adaptive server's cost table."""
+        """get_server_info()'s "parse" entry: the totals, the replica they are of (`--dp-size`), the
+        draft's identity (`draft`: what a PD pair checks), and an adaptive server's cost table."""
         state = self.totals.summary()
         state["dp_rank"] = get_parallel().dp_rank or 0
         state["kv_bytes_per_token"] = kv_bytes_per_token(self.model_runner, self.draft_runner)
+        state["draft"] = self.draft_identity()
         state.update(self.draft_length.server_state())
         return state
+
+    def draft_identity(self) -> dict:
+        """What a PD pair's two servers must share (`scheduler_patches.pd_peer`)."""
+        return draft_identity(self.draft_runner)
 
     @property
     def spec_v2_attn_backends(self) -> tuple:

@@ -42,5 +42,15 @@ C
 # The `router` extra (sglang-router: a load balancer in front of several servers); its
 # dependencies are SGLang's own, installed above.
 "${pip[@]}" -c "$constraints" "sglang-router==0.3.2"
+# Prefill/decode disaggregation on CPU: mooncake's transfer engine without CUDA (over TCP with
+# MC_FORCE_TCP=1), which loads libibverbs even then (Debian's libibverbs1).
+"${pip[@]}" -c "$constraints" "mooncake-transfer-engine-non-cuda==0.3.13.post1"
+if ! ldconfig -p | grep -q 'libibverbs\.so\.1'; then
+  if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null; then
+    apt-get install -y -q libibverbs1 >/dev/null 2>&1 || { apt-get update -q >/dev/null && apt-get install -y -q libibverbs1 >/dev/null; }
+  else
+    echo "setup.sh: libibverbs.so.1 is missing (Debian/Ubuntu: apt-get install libibverbs1); PD tests will be skipped" >&2
+  fi
+fi
 # The CPU runtime (its own distribution, cpu_runtime/): stand-ins and patches SGLang needs here.
 "${pip[@]}" --no-deps -e "$here/cpu_runtime"

@@ -43,14 +43,19 @@ def stop(proc: subprocess.Popen) -> None:
 
 def wait_bound(proc: subprocess.Popen, log_path: Path, port: int, timeout: float) -> bool:
     """Whether launch_server bound its port: False once its log says the port was already in use
-    (SGLang's scheduler then runs on without a server), True once uvicorn says it runs, or the
-    server exits for another reason, or `timeout` passes (a health wait then reports)."""
+    (SGLang's scheduler then runs on without a server), True once uvicorn (or sglang-router) says
+    it runs, or the server exits for another reason, or `timeout` passes (a health wait then
+    reports)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         log = Path(log_path).read_text(errors="replace")
         if "address already in use" in log:
             return False
-        if f"Uvicorn running on http://127.0.0.1:{port}" in log or proc.poll() is not None:
+        bound = (
+            f"Uvicorn running on http://127.0.0.1:{port}",
+            f"Starting router on 127.0.0.1:{port}",
+        )  # SGLang's, sglang-router's
+        if any(line in log for line in bound) or proc.poll() is not None:
             return True
         time.sleep(0.5)
     return True
@@ -73,9 +78,12 @@ def launch(command: list[str], flags: dict, log_path: Path, env: dict | None = N
     raise RuntimeError(f"the server found its port taken on 3 attempts: {log_path}")
 
 
-def wait_healthy(proc: subprocess.Popen, url: str, log_path: Path, timeout: float = 180.0) -> None:
-    """Until `url`/health answers 200; RuntimeError (with the log's tail) if the server exits or
-    `timeout` passes first."""
+def wait_healthy(
+    proc: subprocess.Popen, url: str, log_path: Path, timeout: float = 180.0, path: str = "/health"
+) -> None:
+    """Until `url` + `path` answers 200 (sglang-router: "/readiness", which waits for healthy
+    workers; its /health answers before it has any); RuntimeError (with the log's tail) if the
+    server exits or `timeout` passes first."""
     import requests
 
     deadline = time.monotonic() + timeout
@@ -85,7 +93,7 @@ def wait_healthy(proc: subprocess.Popen, url: str, log_path: Path, timeout: floa
                 f"server exited with {proc.returncode}:\n{Path(log_path).read_text(errors='replace')[-4000:]}"
             )
         try:
-            if requests.get(url + "/health", timeout=2).status_code == 200:
+            if requests.get(url + path, timeout=2).status_code == 200:
                 return
         except (requests.ConnectionError, requests.Timeout):
             pass  # not listening yet, or too busy starting up to answer

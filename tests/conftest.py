@@ -47,6 +47,16 @@ BATCH_PROMPTS = PROMPTS + [
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
+def pytest_collection_modifyitems(config, items):
+    """`real_pair` tests (minutes each, the 1.5B pair's checkpoints) run only when `-m` names them."""
+    if "real_pair" in (config.option.markexpr or ""):
+        return
+    skip = pytest.mark.skip(reason="the Qwen2.5-Coder pair's tests run with -m real_pair")
+    for item in items:
+        if "real_pair" in item.keywords:
+            item.add_marker(skip)
+
+
 def load_benchmark(name: str, module_name: str | None = None):
     """benchmarks/<name>.py imported as a module (registered in sys.modules under module_name,
     default name: dataclasses look their module up while a class is built)."""

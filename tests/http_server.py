@@ -80,6 +80,19 @@ def launched_server(
 
 
 @contextlib.contextmanager
+def launched_router(arguments: list[str], flags: dict, log_dir):
+    """`python -m sglang_router.launch_router` with `arguments` and `flags` on 127.0.0.1 and a free
+    port; yields its URL once its /readiness answers (its workers are healthy), stops it on exit."""
+    log = log_dir / "router.log"
+    proc, url = launch([sys.executable, "-m", "sglang_router.launch_router", *arguments], flags, log, timeout=120.0)
+    try:
+        healthy(proc, url, log, timeout=120.0, path="/readiness")
+        yield url
+    finally:
+        stop(proc)
+
+
+@contextlib.contextmanager
 def parse_server(tiny_pair, log_dir, config, **overrides):
     """`launched_server` serving the tiny pair with PARSE at `config` (a ParseConfig; judge off:
     greedy output == the target's), with STRICT_MEM_CHECKS."""

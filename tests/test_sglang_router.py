@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import random
 import signal
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -27,10 +26,9 @@ import psutil
 import pytest
 import requests
 from conftest import hf_greedy
-from http_server import STRICT_MEM_CHECKS, assert_memory_balanced, greedy, launched_server
+from http_server import STRICT_MEM_CHECKS, assert_memory_balanced, greedy, launched_router, launched_server
 from sglang_cpu import CPU_BIND_ENV
 from parse_sglang.settings import ParseConfig, parse_engine_kwargs
-from support.servers import launch, stop, wait_healthy
 
 pytest.importorskip("sglang_router")
 pytestmark = pytest.mark.sglang
@@ -62,15 +60,9 @@ def workers(tiny_pair, tmp_path_factory):
 @pytest.fixture(scope="module")
 def router(workers, tmp_path_factory):
     """The router's URL, in front of both workers (cache-aware policy, health checks every second)."""
-    log = tmp_path_factory.mktemp("router") / "router.log"
     flags = {"policy": "cache_aware", "health_check_interval_secs": 1, "health_failure_threshold": 1}
-    command = [sys.executable, "-m", "sglang_router.launch_router", "--worker-urls", *(w.url for w in workers)]
-    proc, url = launch(command, flags, log, timeout=120.0)
-    try:
-        wait_healthy(proc, url, log, timeout=120.0)
+    with launched_router(["--worker-urls", *(w.url for w in workers)], flags, tmp_path_factory.mktemp("router")) as url:
         yield url
-    finally:
-        stop(proc)
 
 
 def generate(url: str, body: dict) -> requests.Response:

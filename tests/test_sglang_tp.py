@@ -304,11 +304,9 @@ def test_without_the_plan_broadcast_skewed_ranks_diverge(tp1, tp2_drafts_unsynce
         (["--pp-size", "2"], "--pp-size=2: allowed is 1"),
         (["--enable-dp-attention", "--dp-size", "2", "--tp-size", "2"], "--enable-dp-attention=True: allowed is off"),
         (["--attn-dp-size", "2", "--tp-size", "2"], "--enable-dp-attention=True: allowed is off"),
-        (["--disaggregation-mode", "prefill"], "--disaggregation-mode='prefill': allowed is \"null\""),
-        (["--disaggregation-mode", "decode"], "--disaggregation-mode='decode': allowed is \"null\""),
     ],
 )
-def test_pipeline_dp_attention_and_pd_disaggregation_stay_refused(tiny_pair, cpu_runtime, argv, named):
+def test_pipeline_and_dp_attention_stay_refused(tiny_pair, cpu_runtime, argv, named):
     """Refused by name when the server arguments resolve, before any process starts
     (README, "Several GPUs", says what each would need)."""
     from sglang.srt.server_args import prepare_server_args

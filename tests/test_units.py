@@ -197,3 +197,24 @@ def test_likelihood_server_has_no_probe_rows_and_refuses_probe_requests():
     with pytest.raises(ValueError, match=r"judge_mode='both' is invalid: the server's verify window has no probe rows"):
         request_parse_config({"parse": {"judge_mode": "both"}}, server)
     assert request_parse_config({"parse": {"judge_mode": "likelihood"}}, ParseConfig()).uses_probe is False
+
+
+def test_a_pd_decode_server_refuses_prefill_servers_with_another_draft():
+    """`pd_peer.refusal` on a prefill server's /server_info: the same draft passes; a target-only
+    server, another draft, and a server without PARSE's state are refused naming both drafts."""
+    from parse_sglang.scheduler_patches.pd_peer import refusal
+
+    own = {"architectures": ["LlamaForCausalLM"], "config_sha256": "9e57", "kv_layers": 2, "kv_dtype": "torch.float32"}
+
+    def info(algorithm, draft):
+        return {"speculative_algorithm": algorithm, "internal_states": [{"parse": {"draft": draft}} if draft else {}]}
+
+    url = "http://prefill:30000"
+    assert refusal(url, info("PARSE", dict(own)), own) is None
+    for peer in (info(None, None), info("PARSE", {**own, "config_sha256": "0000"}), {}):
+        reason = refusal(url, peer, own)
+        assert reason.startswith(
+            "PARSE on a PD decode server needs its prefill server to run PARSE with the same draft"
+        )
+        assert url in reason and str(own) in reason
+    assert "--speculative-algorithm None with draft None" in refusal(url, info(None, None), own)
