@@ -15,7 +15,8 @@ drafts, the judge off:
   bootstrap timeout, and the decode server goes on serving;
 - the prefill server killed mid-load: every request ends, answered exactly or with an error; the
   decode server stays up, serves, and its memory check stays clean.
-Skipped where mooncake's engine cannot load (scripts/setup.sh installs it and libibverbs).
+The mooncake tests are skipped where mooncake's engine cannot load (scripts/setup.sh installs it and
+libibverbs); the fake-backend test needs neither.
 """
 
 from __future__ import annotations
@@ -36,8 +37,6 @@ from sglang_cpu import CPU_BIND_ENV
 from parse_sglang.settings import ParseConfig, parse_engine_kwargs
 from support.servers import free_port
 
-pytest.importorskip("mooncake.engine", reason="mooncake-transfer-engine-non-cuda (scripts/setup.sh installs it)")
-pytest.importorskip("sglang_router")
 pytestmark = pytest.mark.sglang
 
 TIMEOUT = 300  # seconds for one HTTP call: lenient, 2 cores serve both servers
@@ -80,6 +79,10 @@ def together(*managers):
 @pytest.fixture(scope="module")
 def pd_pair(tiny_pair, tmp_path_factory):
     """(prefill server, its bootstrap port, decode server): PARSE on both, mooncake over TCP."""
+    pytest.importorskip(
+        "mooncake.engine", reason="mooncake-transfer-engine-non-cuda and libibverbs1 (scripts/setup.sh)"
+    )
+    pytest.importorskip("sglang_router")
     port = free_port()
     prefill = server(tiny_pair, tmp_path_factory.mktemp("prefill"), 0, disaggregation_mode="prefill",
                      disaggregation_bootstrap_port=port, **MOONCAKE)  # fmt: skip
