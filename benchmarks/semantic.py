@@ -1,7 +1,8 @@
 """What PARSE's judge costs in answer quality: accuracy against tokens per target forward, one
 row per judge setting, all in SGLang in one run.
 
-    python benchmarks/semantic.py [--pair synthetic|smollm2] [--num-problems N] [--json]
+    python benchmarks/semantic.py [--pair synthetic|smollm2|qwen2.5-coder] [--suite humaneval]
+                                  [--num-problems N] [--first K] [--modes MODE ...] [--dtype D] [--json]
                                   [--target DIR --draft DIR --prompts FILE [--grader MODULE:FUNC]]
                                   [--num-steps L] [--probe-stride D] [--max-new-tokens N]
                                   [--temperature T [--top-p P]] [--plot PNG] [--cache-dir DIR]
@@ -13,7 +14,8 @@ PARSE row through per-request settings, each row as its own batch of all prompts
 sampled with --temperature / --top-p: then every row samples, and lossless rows are samples of
 the target's distribution, not its greedy output).
 
-Per row: `accuracy` (share of graded answers correct; null where there is no grader),
+Per row: `accuracy` (share of graded answers correct; null where there is no grader) and
+`accuracy_ci95` (Wilson's interval),
 `tokens_per_target_forward`, `judged_share` (output tokens the judge accepted beyond exact
 matches), `verify_rows_per_round` (PARSE's window rows per round), `wall_s` (the row's batch),
 and `target_nll` (the target's own mean negative log-likelihood per output token, with
@@ -22,7 +24,10 @@ transformers: what a judge that accepts un-target-like text costs by the target'
 --pair synthetic (default): held-out problems of the synthetic trained pair
 (support.synthetic, a stand-in that makes the judge measurable offline, NOT evidence about
 large models), graded by their answer. --pair smollm2: SmolLM2-135M-Instruct and its
-layer-dropped draft on fixed questions, ungraded. Your own pair: --target/--draft/--prompts
+layer-dropped draft on fixed questions, ungraded. --pair qwen2.5-coder: Qwen2.5-Coder-1.5B-Instruct
+with Qwen2.5-Coder-0.5B-Instruct as its draft (`parse_sglang.models`, fetched when not cached) on
+HumanEval problems --first K .. K+N-1 (`--suite humaneval`, support/problems.py: each answer's
+code run against the problem's tests in its own process). Your own pair: --target/--draft/--prompts
 FILE (a JSON list of strings, or one prompt per line, chat template applied) and optionally
 --grader MODULE:FUNC, called as FUNC(prompt, output_text) -> bool.
 The plot (matplotlib) is accuracy, or target NLL where ungraded, against tokens per forward.
@@ -48,9 +53,14 @@ from parse_sglang.settings import ParseConfig  # noqa: E402
 PROBE_THRESHOLDS = (0.3, 0.5, 0.7, 0.9)
 LIKELIHOOD_THRESHOLDS = (0.05, 0.2, 0.5)
 KEYS = (
+    "pair",
+    "suite",
+    "dtype",
+    "problems",
     "mode",
     "threshold",
     "accuracy",
+    "accuracy_ci95",
     "tokens_per_target_forward",
     "judged_share",
     "verify_rows_per_round",
@@ -68,6 +78,8 @@ class Workload:
     prompts: list[str]
     prompt_ids: list[list[int]]
     grader: Callable[[int, str], bool] | None  # (prompt index, output text) -> correct
+    pair: str = "user"
+    suite: str | None = None
 
 
 def synthetic_workload(num_problems: int, cache_dir=None) -> Workload:
@@ -84,6 +96,21 @@ def synthetic_workload(num_problems: int, cache_dir=None) -> Workload:
         [enc.prompt_ids(p) for p in items],
         lambda i, text: synthetic.grade(items[i], text),
     )
+
+
+def qwen_workload(suite: str, num_problems: int, first: int, dtype: str, cache_dir=None) -> Workload:
+    """The Qwen2.5-Coder pair in `dtype` on `suite`'s problems first .. first + num_problems - 1."""
+    from support import problems
+    from transformers import AutoTokenizer
+
+    from parse_sglang import models
+
+    target, draft = models.pair_checkpoints("qwen2.5-coder", dtype, cache_dir)
+    items = problems.humaneval(first, num_problems, cache_dir)
+    questions = [item.question() for item in items]
+    ids = chat_prompt_ids(AutoTokenizer.from_pretrained(target), questions)
+    grade = lambda i, text: problems.passes(items[i], text)  # noqa: E731
+    return Workload(str(target), str(draft), questions, ids, grade, "qwen2.5-coder", suite)
 
 
 def user_workload(target: str, draft: str, prompts: list[str], grader: str | None) -> Workload:
@@ -118,6 +145,9 @@ def parse_rows() -> list[tuple[str, float | None, dict]]:
     return rows
 
 
+MODES = ("target_only", "standalone", *dict.fromkeys(mode for mode, _, _ in parse_rows()))
+
+
 def _server_parse_totals(engine) -> dict:
     return engine.get_server_info()["internal_states"][0].get("parse") or {}
 
@@ -134,15 +164,21 @@ def run_batch(engine, work: Workload, sampling: dict) -> tuple[list[dict], float
 
 
 def summarize(mode: str, threshold, work: Workload, outs: list[dict], wall: float, added: dict) -> dict:
+    from support.problems import wilson
+
     tokens = sum(o["meta_info"]["completion_tokens"] for o in outs)
     forwards = sum(target_forwards(o["meta_info"]) for o in outs)
     judged = sum((o["meta_info"].get("parse") or {}).get("accepted_judged", 0) for o in outs)
-    accuracy = None if work.grader is None else sum(work.grader(i, o["text"]) for i, o in enumerate(outs)) / len(outs)
+    correct = None if work.grader is None else sum(work.grader(i, o["text"]) for i, o in enumerate(outs))
     rounds = added.get("rounds", 0)
     return {
+        "pair": work.pair,
+        "suite": work.suite,
+        "problems": len(outs),
         "mode": mode,
         "threshold": threshold,
-        "accuracy": accuracy,
+        "accuracy": None if correct is None else correct / len(outs),
+        "accuracy_ci95": None if correct is None else list(wilson(correct, len(outs))),
         "tokens_per_target_forward": tokens / forwards,
         "judged_share": judged / max(tokens, 1),
         "verify_rows_per_round": added["verify_rows"] / rounds if rounds else None,
@@ -152,12 +188,14 @@ def summarize(mode: str, threshold, work: Workload, outs: list[dict], wall: floa
 
 
 def run_rows(work: Workload, config: ParseConfig, max_new_tokens: int, progress=None, temperature: float = 0.0,
-             top_p: float = 1.0) -> list[dict]:  # fmt: skip
-    """Every row, engines started one after another (never two at once)."""
+             top_p: float = 1.0, modes: Sequence[str] | None = None, dtype: str | None = None) -> list[dict]:  # fmt: skip
+    """Every row (or those of `modes`), engines started one after another (never two at once)."""
     import sglang
     import torch
 
     base = engine_kwargs(work.target, torch.cuda.is_available())
+    if dtype is not None:
+        base["dtype"] = dtype
     base["max_running_requests"] = min(len(work.prompt_ids), 64)
     if "max_total_tokens" in base:  # CPU: room for a full batch of windows
         base["max_total_tokens"] = 32768
@@ -182,11 +220,15 @@ def run_rows(work: Workload, config: ParseConfig, max_new_tokens: int, progress=
     ]
     rows = []
     for _, kwargs, batches in plan:
+        batches = [batch for batch in batches if modes is None or batch[0] in modes]
+        if not batches:
+            continue
         engine = sglang.Engine(**kwargs)
         try:
             engine.generate(input_ids=work.prompt_ids[0], sampling_params={**sampling, "max_new_tokens": 4})
             for mode, threshold, params in batches:
                 rows.append(summarize(mode, threshold, work, *run_batch(engine, work, params)))
+                rows[-1]["dtype"] = kwargs.get("dtype")
                 if progress is not None:
                     progress.update(1)
         finally:
@@ -251,8 +293,12 @@ def fmt(value) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python benchmarks/semantic.py", description=__doc__.splitlines()[0])
-    parser.add_argument("--pair", choices=("synthetic", "smollm2"), default="synthetic")
-    parser.add_argument("--num-problems", type=int, default=200, help="held-out problems (synthetic pair)")
+    parser.add_argument("--pair", choices=("synthetic", "smollm2", "qwen2.5-coder"), default="synthetic")
+    parser.add_argument("--suite", choices=("humaneval",), default="humaneval", help="qwen2.5-coder's problems")
+    parser.add_argument("--num-problems", type=int, default=200, help="problems (synthetic, qwen2.5-coder)")
+    parser.add_argument("--first", type=int, default=0, help="the first problem of the suite (qwen2.5-coder)")
+    parser.add_argument("--modes", nargs="+", choices=MODES, help="rows to run (default: all)")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), help="the engines' dtype (default: the pair's)")
     parser.add_argument("--target")
     parser.add_argument("--draft")
     parser.add_argument("--prompts", help="JSON list of prompts, or one per line (with --target/--draft)")
@@ -287,6 +333,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         sglang_cpu.enable()
     if args.target:
         name, work = "user", user_workload(args.target, args.draft, read_prompts(args.prompts), args.grader)
+    elif args.pair == "qwen2.5-coder":
+        name = "qwen2.5-coder"
+        work = qwen_workload(args.suite, args.num_problems, args.first, args.dtype or "float32", args.cache_dir)
     elif args.pair == "smollm2":
         from parse_sglang import smollm2
 
@@ -296,8 +345,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         name, work = "synthetic", synthetic_workload(args.num_problems, args.cache_dir)
     from tqdm import tqdm
 
-    with tqdm(total=2 + len(parse_rows()), desc="rows", file=sys.stderr) as progress:
-        rows = run_rows(work, config, args.max_new_tokens, progress, args.temperature, args.top_p)
+    modes = args.modes or MODES
+    total = sum(m in modes for m in ("target_only", "standalone")) + sum(m in modes for m, _, _ in parse_rows())
+    with tqdm(total=total, desc="rows", file=sys.stderr) as progress:
+        rows = run_rows(work, config, args.max_new_tokens, progress, args.temperature, args.top_p, args.modes,
+                        args.dtype)  # fmt: skip
     add_target_nll(rows, work)
     title = (
         f"{name}: {len(work.prompt_ids)} prompts, L={config.draft_budget}, Δ={config.probe_stride}"

@@ -135,3 +135,31 @@ def test_the_pinned_parts_are_the_published_layout():
     for model, count in ((models.QWEN_CODER_TARGET, 22), (models.QWEN_CODER_DRAFT, 6)):
         assert [p.package.rsplit("part", 1)[1] for p in model.parts] == [str(i) for i in range(1, count + 1)]
         assert all(len(p.sha256) == 64 and int(p.sha256, 16) >= 0 for p in model.parts)
+
+
+def test_code_answers_are_graded_in_their_own_process():
+    """support.problems.passes on a HumanEval-shaped problem: a right answer (in a code block or
+    bare), a wrong one, one that never returns (the timeout), one that kills its interpreter."""
+    from support.problems import CodeProblem, answer_code, passes
+
+    problem = CodeProblem(
+        "toy/0",
+        'def add(a: int, b: int) -> int:\n    """Sum of a and b."""\n',
+        "def check(candidate):\n    assert candidate(2, 3) == 5\n    assert candidate(-1, 1) == 0\n",
+        "add",
+    )
+    right = "Here it is:\n```python\ndef add(a, b):\n    return a + b\n```\nDone."
+    assert answer_code(right) == "def add(a, b):\n    return a + b\n"
+    assert passes(problem, right) and passes(problem, "def add(a, b):\n    return b + a\n")
+    assert not passes(problem, "```python\ndef add(a, b):\n    return a - b\n```")
+    assert not passes(problem, "```python\ndef add(a, b):\n    while True:\n        pass\n```", timeout=2.0)
+    assert not passes(problem, "```python\nimport os\nos._exit(0)\n```")  # status 0 before the tests ran
+    assert problem.prompt in problem.question()
+
+
+def test_wilson_interval():
+    from support.problems import wilson
+
+    low, high = wilson(30, 40)
+    assert (round(low, 3), round(high, 3)) == (0.598, 0.858)
+    assert wilson(0, 10)[0] == 0.0 and wilson(10, 10)[1] == 1.0 and wilson(0, 0) == (0.0, 1.0)

