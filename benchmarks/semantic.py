@@ -1,7 +1,7 @@
 """What PARSE's judge costs in answer quality: accuracy against tokens per target forward, one
 row per judge setting, all in SGLang in one run.
 
-    python benchmarks/semantic.py [--pair synthetic|smollm2|qwen2.5-coder] [--suite humaneval]
+    python benchmarks/semantic.py [--pair synthetic|smollm2|qwen2.5-coder] [--suite humaneval|gsm]
                                   [--num-problems N] [--first K] [--modes MODE ...] [--dtype D] [--json]
                                   [--target DIR --draft DIR --prompts FILE [--grader MODULE:FUNC]]
                                   [--num-steps L] [--probe-stride D] [--max-new-tokens N]
@@ -27,7 +27,8 @@ large models), graded by their answer. --pair smollm2: SmolLM2-135M-Instruct and
 layer-dropped draft on fixed questions, ungraded. --pair qwen2.5-coder: Qwen2.5-Coder-1.5B-Instruct
 with Qwen2.5-Coder-0.5B-Instruct as its draft (`parse_sglang.models`, fetched when not cached) on
 HumanEval problems --first K .. K+N-1 (`--suite humaneval`, support/problems.py: each answer's
-code run against the problem's tests in its own process). Your own pair: --target/--draft/--prompts
+code run against the problem's tests in its own process), or GSM-symbolic problems (`--suite gsm`:
+reasoning-gym's generators from GSM8K's test set, graded by the answer's last number). Your own pair: --target/--draft/--prompts
 FILE (a JSON list of strings, or one prompt per line, chat template applied) and optionally
 --grader MODULE:FUNC, called as FUNC(prompt, output_text) -> bool.
 The plot (matplotlib) is accuracy, or target NLL where ungraded, against tokens per forward.
@@ -106,10 +107,15 @@ def qwen_workload(suite: str, num_problems: int, first: int, dtype: str, cache_d
     from parse_sglang import models
 
     target, draft = models.pair_checkpoints("qwen2.5-coder", dtype, cache_dir)
-    items = problems.humaneval(first, num_problems, cache_dir)
-    questions = [item.question() for item in items]
+    if suite == "humaneval":
+        code = problems.humaneval(first, num_problems, cache_dir)
+        questions = [item.question() for item in code]
+        grade = lambda i, text: problems.passes(code[i], text)  # noqa: E731
+    else:
+        math_problems = problems.gsm(first, num_problems, cache_dir)
+        questions = [item.question for item in math_problems]
+        grade = lambda i, text: math_problems[i].passes(text)  # noqa: E731
     ids = chat_prompt_ids(AutoTokenizer.from_pretrained(target), questions)
-    grade = lambda i, text: problems.passes(items[i], text)  # noqa: E731
     return Workload(str(target), str(draft), questions, ids, grade, "qwen2.5-coder", suite)
 
 
@@ -294,7 +300,7 @@ def fmt(value) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python benchmarks/semantic.py", description=__doc__.splitlines()[0])
     parser.add_argument("--pair", choices=("synthetic", "smollm2", "qwen2.5-coder"), default="synthetic")
-    parser.add_argument("--suite", choices=("humaneval",), default="humaneval", help="qwen2.5-coder's problems")
+    parser.add_argument("--suite", choices=("humaneval", "gsm"), default="humaneval", help="qwen2.5-coder's problems")
     parser.add_argument("--num-problems", type=int, default=200, help="problems (synthetic, qwen2.5-coder)")
     parser.add_argument("--first", type=int, default=0, help="the first problem of the suite (qwen2.5-coder)")
     parser.add_argument("--modes", nargs="+", choices=MODES, help="rows to run (default: all)")

@@ -163,3 +163,12 @@ def test_wilson_interval():
     low, high = wilson(30, 40)
     assert (round(low, 3), round(high, 3)) == (0.598, 0.858)
     assert wilson(0, 10)[0] == 0.0 and wilson(10, 10)[1] == 1.0 and wilson(0, 0) == (0.0, 1.0)
+
+
+def test_math_answers_are_graded_by_their_last_number():
+    from support.problems import MathProblem
+
+    problem = MathProblem("How many?", 1234.0)
+    assert problem.passes("First 12 + 3 = 15.\nSo the answer is 1,234.")
+    assert not problem.passes("1234 at first, then 1233") and not problem.passes("no number")
+    assert MathProblem("Half?", 2.5).passes("2.5") and MathProblem("Debt?", -3.0).passes("it is -3")
