@@ -240,7 +240,8 @@ def convert(gguf: Path, out: Path, dtype: str, architecture: str) -> None:
     config.dtype = torch_dtype
     with torch.device("meta"):
         skeleton = AutoModelForCausalLM.from_config(config)
-    processor = TENSOR_PROCESSORS.get(config.model_type, TensorProcessor)(config=config.to_dict())
+    parsed = {"config": config.to_dict(), "tensors": {}}  # what transformers' processors read, once
+    processor = TENSOR_PROCESSORS.get(config.model_type, TensorProcessor)(config=parsed["config"])
     names = get_gguf_hf_weights_map(skeleton, processor)
     wanted = set(skeleton.state_dict())
     shards, shard, shard_bytes, index, total = [], {}, 0, {}, 0
@@ -257,7 +258,7 @@ def convert(gguf: Path, out: Path, dtype: str, architecture: str) -> None:
     for tensor in gguf_py.GGUFReader(gguf).tensors:
         weights = gguf_py.dequantize(tensor.data, tensor.tensor_type)
         result = processor.process(weights=weights, name=tensor.name, tensor_key_mapping=names,
-                                   parsed_parameters={"config": config.to_dict(), "tensors": {}})  # fmt: skip
+                                   parsed_parameters=parsed)  # fmt: skip
         if result.name not in names:
             continue
         name = names[result.name]
