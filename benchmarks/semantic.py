@@ -2,24 +2,28 @@
 row per judge setting, all in SGLang in one run.
 
     python benchmarks/semantic.py [--pair synthetic|smollm2|qwen2.5-coder] [--suite humaneval|gsm]
-                                  [--num-problems N] [--first K] [--modes MODE ...] [--dtype D] [--json]
+                                  [--num-problems N] [--first K] [--modes MODE ...] [--dtype D]
+                                  [--batch-size B] [--json]
                                   [--target DIR --draft DIR --prompts FILE [--grader MODULE:FUNC]]
                                   [--num-steps L] [--probe-stride D] [--max-new-tokens N]
                                   [--temperature T [--top-p P]] [--plot PNG] [--cache-dir DIR]
 
 Rows: target_only, standalone (SGLang's STANDALONE, topk 1, radix cache off), parse_lossless,
-parse_probe at τ in PROBE_THRESHOLDS, parse_likelihood at λ in LIKELIHOOD_THRESHOLDS. Three
-engines, one after the other (target-only, STANDALONE, PARSE); the PARSE engine serves every
-PARSE row through per-request settings, each row as its own batch of all prompts (greedy, or
-sampled with --temperature / --top-p: then every row samples, and lossless rows are samples of
-the target's distribution, not its greedy output).
+parse_probe at τ in PROBE_THRESHOLDS, parse_likelihood at λ in LIKELIHOOD_THRESHOLDS, and
+parse_adaptive (a server with adaptive draft lengths up to L, lossless). Four engines, one after
+the other (target-only, STANDALONE, PARSE, adaptive PARSE); the PARSE engine serves every
+PARSE row through per-request settings. Each row runs all prompts as one batch, or in batches of
+--batch-size prompts one after another (greedy, or sampled with --temperature / --top-p: then
+every row samples, and lossless rows are samples of the target's distribution, not its greedy
+output).
 
 Per row: `accuracy` (share of graded answers correct; null where there is no grader) and
 `accuracy_ci95` (Wilson's interval),
 `tokens_per_target_forward`, `judged_share` (output tokens the judge accepted beyond exact
-matches), `verify_rows_per_round` (PARSE's window rows per round), `wall_s` (the row's batch),
-and `target_nll` (the target's own mean negative log-likelihood per output token, with
-transformers: what a judge that accepts un-target-like text costs by the target's measure).
+matches), `verify_rows_per_round` (PARSE's window rows per round), `wall_s` (the row's batches),
+`output_ids` (--json only) and `target_nll` (the target's own mean negative log-likelihood per
+output token, with transformers: what a judge that accepts un-target-like text costs by the
+target's measure).
 
 --pair synthetic (default): held-out problems of the synthetic trained pair
 (support.synthetic, a stand-in that makes the judge measurable offline, NOT evidence about
@@ -31,7 +35,8 @@ code run against the problem's tests in its own process), or GSM-symbolic proble
 reasoning-gym's generators from GSM8K's test set, graded by the answer's last number). Your own pair: --target/--draft/--prompts
 FILE (a JSON list of strings, or one prompt per line, chat template applied) and optionally
 --grader MODULE:FUNC, called as FUNC(prompt, output_text) -> bool.
-The plot (matplotlib) is accuracy, or target NLL where ungraded, against tokens per forward.
+The plot (matplotlib) is accuracy with its interval (target-only's drawn as a band), or target NLL
+where ungraded, against tokens per forward.
 """
 
 from __future__ import annotations
@@ -68,6 +73,7 @@ KEYS = (
     "wall_s",
     "target_nll",
 )
+JSON_KEYS = (*KEYS, "output_ids")
 
 
 @dataclasses.dataclass
@@ -151,18 +157,21 @@ def parse_rows() -> list[tuple[str, float | None, dict]]:
     return rows
 
 
-MODES = ("target_only", "standalone", *dict.fromkeys(mode for mode, _, _ in parse_rows()))
+MODES = ("target_only", "standalone", *dict.fromkeys(mode for mode, _, _ in parse_rows()), "parse_adaptive")
 
 
 def _server_parse_totals(engine) -> dict:
     return engine.get_server_info()["internal_states"][0].get("parse") or {}
 
 
-def run_batch(engine, work: Workload, sampling: dict) -> tuple[list[dict], float, dict]:
-    """All prompts in one generate call: (outputs, wall seconds, PARSE server counters it added)."""
+def run_batch(engine, work: Workload, sampling: dict, batch_size: int | None = None) -> tuple[list[dict], float, dict]:
+    """All prompts, `batch_size` per generate call (all in one by default): (outputs, wall seconds,
+    PARSE server counters they added)."""
     before = _server_parse_totals(engine)
-    start = time.perf_counter()
-    outs = engine.generate(input_ids=work.prompt_ids, sampling_params=sampling)
+    step = batch_size or len(work.prompt_ids)
+    outs, start = [], time.perf_counter()
+    for i in range(0, len(work.prompt_ids), step):
+        outs += engine.generate(input_ids=work.prompt_ids[i : i + step], sampling_params=sampling)
     wall = time.perf_counter() - start
     after = _server_parse_totals(engine)
     added = {k: after[k] - before.get(k, 0) for k in ("rounds", "verify_rows") if k in after}
@@ -194,7 +203,8 @@ def summarize(mode: str, threshold, work: Workload, outs: list[dict], wall: floa
 
 
 def run_rows(work: Workload, config: ParseConfig, max_new_tokens: int, progress=None, temperature: float = 0.0,
-             top_p: float = 1.0, modes: Sequence[str] | None = None, dtype: str | None = None) -> list[dict]:  # fmt: skip
+             top_p: float = 1.0, modes: Sequence[str] | None = None, dtype: str | None = None,
+             batch_size: int | None = None) -> list[dict]:  # fmt: skip
     """Every row (or those of `modes`), engines started one after another (never two at once)."""
     import sglang
     import torch
@@ -223,6 +233,11 @@ def run_rows(work: Workload, config: ParseConfig, max_new_tokens: int, progress=
             {**base, **parse_engine_kwargs(work.draft, config)},
             [(mode, t, {**sampling, "custom_params": {"parse": settings}}) for mode, t, settings in parse_rows()],
         ),
+        (
+            "parse_adaptive",
+            {**base, **parse_engine_kwargs(work.draft, dataclasses.replace(config, adaptive=True, judge=False))},
+            [("parse_adaptive", None, sampling)],
+        ),
     ]
     rows = []
     for _, kwargs, batches in plan:
@@ -233,7 +248,7 @@ def run_rows(work: Workload, config: ParseConfig, max_new_tokens: int, progress=
         try:
             engine.generate(input_ids=work.prompt_ids[0], sampling_params={**sampling, "max_new_tokens": 4})
             for mode, threshold, params in batches:
-                rows.append(summarize(mode, threshold, work, *run_batch(engine, work, params)))
+                rows.append(summarize(mode, threshold, work, *run_batch(engine, work, params, batch_size)))
                 rows[-1]["dtype"] = kwargs.get("dtype")
                 if progress is not None:
                     progress.update(1)
@@ -277,9 +292,19 @@ def plot(rows: list[dict], path: str, title: str) -> None:
         ("accuracy", "answer accuracy") if graded else ("target_nll", "target NLL per output token (lower is better)")
     )
     fig, ax = plt.subplots(figsize=(7, 4.5))
+    target = next((row for row in rows if row["mode"] == "target_only"), None)
+    if graded and target is not None:  # target-only's Wilson interval, the band a judge should stay in
+        ax.axhspan(*target["accuracy_ci95"], color="tab:gray", alpha=0.15, label="target-only, Wilson 95%")
+        ax.legend(fontsize=7, loc="lower left")
     for row in rows:
         name = row["mode"] + ("" if row["threshold"] is None else f" {row['threshold']:g}")
         ax.scatter(row["tokens_per_target_forward"], row[key])
+        if graded:
+            low, high = row["accuracy_ci95"]
+            # Wilson's bound can land a rounding error inside a share of 1.0 (or 0.0): clamp at 0
+            below, above = max(row[key] - low, 0.0), max(high - row[key], 0.0)
+            ax.errorbar(row["tokens_per_target_forward"], row[key], yerr=[[below], [above]],
+                        fmt="none", ecolor="tab:gray", elinewidth=0.6, capsize=2)  # fmt: skip
         ax.annotate(
             name, (row["tokens_per_target_forward"], row[key]), fontsize=7, xytext=(3, 3), textcoords="offset points"
         )
@@ -305,6 +330,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--first", type=int, default=0, help="the first problem of the suite (qwen2.5-coder)")
     parser.add_argument("--modes", nargs="+", choices=MODES, help="rows to run (default: all)")
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), help="the engines' dtype (default: the pair's)")
+    parser.add_argument("--batch-size", type=int, help="prompts per generate call (default: all at once)")
     parser.add_argument("--target")
     parser.add_argument("--draft")
     parser.add_argument("--prompts", help="JSON list of prompts, or one per line (with --target/--draft)")
@@ -320,8 +346,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if (args.target is None) != (args.draft is None) or (args.target is not None) != (args.prompts is not None):
         parser.error("--target, --draft and --prompts go together")
-    for flag in ("num_problems", "max_new_tokens"):
-        if getattr(args, flag) < 1:
+    for flag in ("num_problems", "max_new_tokens", "batch_size"):
+        if getattr(args, flag) is not None and getattr(args, flag) < 1:
             parser.error(f"--{flag.replace('_', '-')}={getattr(args, flag)} is invalid: allowed is an integer >= 1")
     if args.temperature < 0 or not 0 < args.top_p <= 1:
         parser.error(
@@ -352,10 +378,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     from tqdm import tqdm
 
     modes = args.modes or MODES
-    total = sum(m in modes for m in ("target_only", "standalone")) + sum(m in modes for m, _, _ in parse_rows())
+    total = sum(m in modes for m in ("target_only", "standalone", "parse_adaptive"))
+    total += sum(m in modes for m, _, _ in parse_rows())
     with tqdm(total=total, desc="rows", file=sys.stderr) as progress:
         rows = run_rows(work, config, args.max_new_tokens, progress, args.temperature, args.top_p, args.modes,
-                        args.dtype)  # fmt: skip
+                        args.dtype, args.batch_size)  # fmt: skip
     add_target_nll(rows, work)
     title = (
         f"{name}: {len(work.prompt_ids)} prompts, L={config.draft_budget}, Δ={config.probe_stride}"
@@ -363,14 +390,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         + (" (synthetic stand-in, not evidence about large models)" if name == "synthetic" else "")
     )
     path = args.plot or str(Path(__file__).with_name(f"semantic_{name}.png"))
-    plot(rows, path, title)
     if args.json:
         for row in rows:
-            print(json.dumps({key: row[key] for key in KEYS}))
+            print(json.dumps({key: row[key] for key in JSON_KEYS}))
     else:
         print(title)
         print(table(KEYS, [[fmt(row[key]) for key in KEYS] for row in rows]))
         print(f"plot: {path}")
+    sys.stdout.flush()  # the rows are out before the plot can fail
+    plot(rows, path, title)
     return 0
 
 

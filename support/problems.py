@@ -8,8 +8,8 @@ the model wheels (`parse_sglang.models`: sha256 pinned here, read with `zipfile`
   last number.
 
 A completion is graded by running the problem's prompt, the answer's code, the problem's tests and
-`check(entry_point)` in a separate Python process (`python -I`, an empty working folder, a
-timeout): never inside the server or the benchmark process.
+`check(entry_point)` in a separate Python process (`parse_sglang.grading`): never inside the
+server or the benchmark process.
 """
 
 from __future__ import annotations
@@ -19,13 +19,13 @@ import gzip
 import json
 import math
 import re
-import secrets
 import subprocess
 import sys
 import tempfile
 import zipfile
 from pathlib import Path
 
+from parse_sglang import grading
 from parse_sglang.model_cache import cache_root
 from parse_sglang.models import Part, fetch_wheel, pip_download
 
@@ -36,8 +36,6 @@ GSM_PACKAGE = "reasoning_gym/arithmetic/gsm_symbolic/"
 GSM_FILES = ("reasoning_gym/utils.py", GSM_PACKAGE + "generators_00_49.py", GSM_PACKAGE + "generators_50_99.py")
 GSM_SEED = 42
 GSM_SUFFIX = " Give the result as your final answer. Do not include units."  # as GSMSymbolicDataset asks
-GRADE_TIMEOUT_S = 10.0
-CODE_BLOCK = re.compile(r"```(?:python|py)?\s*\n(.*?)```", re.DOTALL)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,27 +116,11 @@ def gsm(first: int = 0, count: int = 60, cache_dir=None, wheel_dir=None) -> list
     return [MathProblem(p["question"] + GSM_SUFFIX, p["answer"]) for p in json.loads(done.stdout)]
 
 
-def answer_code(text: str) -> str:
-    """The code of an answer: its first ```python block, or the whole text without one."""
-    match = CODE_BLOCK.search(text)
-    return match.group(1) if match else text
-
-
-def passes(problem: CodeProblem, answer: str, timeout: float = GRADE_TIMEOUT_S) -> bool:
-    """Whether the answer's code passes the problem's tests (a separate process, `timeout` seconds):
-    the tests ran to their end and printed a token the answer cannot know (an answer that exits
-    early with status 0 does not pass)."""
-    token = secrets.token_hex(16)
-    program = (
-        f"{problem.prompt}\n{answer_code(answer)}\n\n{problem.test}\n\ncheck({problem.entry_point})\nprint({token!r})\n"
-    )
-    with tempfile.TemporaryDirectory(prefix="parse-grade-") as folder:
-        try:
-            done = subprocess.run([sys.executable, "-I", "-c", program], cwd=folder, capture_output=True, text=True,
-                                  timeout=timeout, stdin=subprocess.DEVNULL)  # fmt: skip
-        except subprocess.TimeoutExpired:
-            return False
-    return done.returncode == 0 and token in done.stdout
+def passes(problem: CodeProblem, answer: str, timeout: float = grading.GRADE_TIMEOUT_S) -> bool:
+    """Whether the answer's code passes the problem's tests (`parse_sglang.grading`: its own
+    process, `timeout` seconds)."""
+    code = f"{problem.prompt}\n{grading.answer_code(answer)}"
+    return grading.passes(code, f"{problem.test}\n\ncheck({problem.entry_point})", timeout)
 
 
 def wilson(correct: int, total: int, z: float = 1.96) -> tuple[float, float]:

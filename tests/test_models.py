@@ -140,7 +140,9 @@ def test_the_pinned_parts_are_the_published_layout():
 def test_code_answers_are_graded_in_their_own_process():
     """support.problems.passes on a HumanEval-shaped problem: a right answer (in a code block or
     bare), a wrong one, one that never returns (the timeout), one that kills its interpreter."""
-    from support.problems import CodeProblem, answer_code, passes
+    from support.problems import CodeProblem, passes
+
+    from parse_sglang.grading import answer_code
 
     problem = CodeProblem(
         "toy/0",

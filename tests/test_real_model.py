@@ -219,7 +219,7 @@ def test_bad_layer_lists_are_refused(tiny_llama, tmp_path, layers):
 
 @pytest.mark.sglang
 def test_demo_command(smollm2_dirs, tmp_path):
-    """The README's first command, on two prompts: both engines answer, PARSE's answers come
+    """The README's no-download demo, on two prompts: both engines answer, PARSE's answers come
     with its counters and judge scores, and the summary's numbers agree with them."""
     import re
     import subprocess
@@ -264,8 +264,35 @@ def test_demo_refuses_bad_arguments(capsys):
         (["--target", "t"], "--target and --draft go together"),
         (["--threshold", "1.5"], "threshold=1.5 is invalid"),
         (["--max-new-tokens", "0"], "--max-new-tokens=0 is invalid"),
+        (["--pair", "qwen2.5-coder", "--target", "t", "--draft", "d"], "--pair qwen2.5-coder and --target/--draft"),
+        (["--pair", "llama"], "argument --pair: invalid choice: 'llama'"),
     ]:
         with pytest.raises(SystemExit) as exit_info:
             demo.main(argv)
         assert exit_info.value.code == 2
         assert message in capsys.readouterr().err
+
+
+RIGHT_ANSWERS = (
+    "def is_palindrome(s):\n    kept = [c.lower() for c in s if c.isalnum()]\n    return kept == kept[::-1]\n",
+    "def merge_sorted(a, b):\n    out, i, j = [], 0, 0\n    while i < len(a) and j < len(b):\n"
+    "        if a[i] <= b[j]:\n            out.append(a[i]); i += 1\n        else:\n            out.append(b[j]); j += 1\n"
+    "    return out + a[i:] + b[j:]\n",
+    "def word_counts(text):\n    counts = {}\n    for w in text.lower().split():\n"
+    "        counts[w] = counts.get(w, 0) + 1\n    return counts\n",
+    "def running_max(values):\n    out = []\n    for v in values:\n        out.append(v if not out else max(out[-1], v))\n"
+    "    return out\n",
+)
+
+
+def test_demo_coding_tasks_pass_right_answers_and_fail_wrong_ones():
+    """The qwen2.5-coder demo's graded tasks: a right answer (in a code block, as a chat model
+    writes it) passes its tests, and the right answer of another task fails them."""
+    from parse_sglang import demo, grading
+
+    assert len(RIGHT_ANSWERS) == len(demo.CODING_TASKS)
+    for i, task in enumerate(demo.CODING_TASKS):
+        answer = f"Here you go:\n```python\n{RIGHT_ANSWERS[i]}```\nIt runs in linear time."
+        assert grading.passes(grading.answer_code(answer), task.tests), task.question
+        wrong = RIGHT_ANSWERS[(i + 1) % len(RIGHT_ANSWERS)]
+        assert not grading.passes(wrong, task.tests), task.question

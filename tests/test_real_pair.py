@@ -66,3 +66,23 @@ def test_parse_lossless_equals_target_only(pair, prompt_ids, target_only):
         outs = engine.generate(input_ids=prompt_ids, sampling_params={"max_new_tokens": MAX_NEW, "temperature": 0})
     assert [out["output_ids"] for out in outs] == target_only
     assert sum(out["meta_info"]["parse"]["accepted_exact"] for out in outs) > 0
+
+
+def test_demo_on_the_pair(pair):
+    """`python -m parse_sglang.demo --pair qwen2.5-coder` in fp32 on its four tasks: lossless
+    PARSE answers exactly as the target does (the demo exits 1 otherwise), every run's answers
+    are graded, and PARSE kept draft tokens (more than one token per target forward)."""
+    import re
+    import subprocess
+    import sys
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "parse_sglang.demo", "--pair", "qwen2.5-coder", "--dtype", "float32",
+         "--max-new-tokens", "96", "--no-likelihood"],
+        capture_output=True, text=True, timeout=1200,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    out = proc.stdout
+    assert out.count("(identical to target-only, ") == 4, out[-3000:]
+    rows = dict(re.findall(r"^(target only|PARSE lossless)\s+\d+\s+\d+\s+([\d.]+)\s+\d/4\s", out, re.M))
+    assert float(rows["target only"]) == 1.0 and float(rows["PARSE lossless"]) > 2.0, out[-2000:]

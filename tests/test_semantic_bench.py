@@ -1,5 +1,6 @@
 """SGLang tier: benchmarks/semantic.py on the synthetic trained pair (docs/testing.md §4), every row
-from real engines (target-only, STANDALONE, one PARSE engine with per-request judge settings).
+from real engines (target-only, STANDALONE, one PARSE engine with per-request judge settings, an
+adaptive PARSE engine).
 
 What it asserts holds for any build of the pair (the trained weights differ between machines,
 so the recorded figures of benchmarks/README.md are a build's, not the test's): lossless PARSE
@@ -31,9 +32,11 @@ def rows(semantic, cpu_runtime):
 
 
 def test_rows_and_lossless(rows, semantic):
-    assert [key[0] for key in rows] == ["target_only", "standalone"] + [m for m, _, _ in semantic.parse_rows()]
+    parse_modes = [m for m, _, _ in semantic.parse_rows()]
+    assert [key[0] for key in rows] == ["target_only", "standalone", *parse_modes, "parse_adaptive"]
     target, lossless = rows["target_only", None], rows["parse_lossless", None]
     assert lossless["output_ids"] == target["output_ids"] and lossless["accuracy"] == target["accuracy"] >= 0.9
+    assert rows["parse_adaptive", None]["output_ids"] == target["output_ids"]
     assert lossless["judged_share"] == 0 and target["tokens_per_target_forward"] == 1.0
     L = ParseConfig().draft_budget
     assert lossless["verify_rows_per_round"] == L + 1
@@ -63,12 +66,24 @@ def test_nll_and_plot(rows, semantic, tmp_path):
     assert (tmp_path / "curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_plot_of_rows_that_all_pass(semantic, tmp_path):
+    """A row every answer of which passed: its Wilson bound is 1.0 give or take a rounding error."""
+    rows = [
+        {"mode": mode, "threshold": None, "accuracy": 1.0, "accuracy_ci95": [0.61, 1.0 - 1e-12],
+         "tokens_per_target_forward": tpf}
+        for mode, tpf in (("target_only", 1.0), ("parse_lossless", 8.0))
+    ]  # fmt: skip
+    semantic.plot(rows, str(tmp_path / "all.png"), "test")
+    assert (tmp_path / "all.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 @pytest.mark.parametrize(
     "argv, message",
     [
         (["--num-steps", "0"], "--num-steps / --probe-stride: draft_budget=0 is invalid"),
         (["--max-new-tokens", "0"], "--max-new-tokens=0 is invalid: allowed is an integer >= 1"),
         (["--num-problems", "0"], "--num-problems=0 is invalid"),
+        (["--batch-size", "0"], "--batch-size=0 is invalid: allowed is an integer >= 1"),
         (["--temperature", "-1"], "--temperature=-1.0 / --top-p=1.0 are invalid"),
         (["--target", "T"], "--target, --draft and --prompts go together"),
     ],
