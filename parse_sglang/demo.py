@@ -329,16 +329,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         # The server's judge stays on unless --lossless: a request may turn the judge off, never on.
         config = ParseConfig(
-            draft_budget=args.num_steps or pair.num_steps,
-            probe_stride=args.probe_stride or pair.probe_stride,
+            draft_budget=pair.num_steps if args.num_steps is None else args.num_steps,
+            probe_stride=pair.probe_stride if args.probe_stride is None else args.probe_stride,
             threshold=args.threshold,
             judge=not args.lossless,
             judge_mode="likelihood" if pair.lossless else "probe",  # no probe rows where no run probes
-            likelihood_threshold=args.likelihood_threshold or pair.likelihood_threshold,
+            likelihood_threshold=(
+                pair.likelihood_threshold if args.likelihood_threshold is None else args.likelihood_threshold
+            ),
         )
     except ValueError as err:
         parser.error(str(err))
-    max_new_tokens = args.max_new_tokens or pair.max_new_tokens
+    max_new_tokens = pair.max_new_tokens if args.max_new_tokens is None else args.max_new_tokens
     tasks = None if args.prompts else pair.tasks
     questions = args.prompts or [t.question for t in tasks or ()] or list(DEFAULT_PROMPTS)
 

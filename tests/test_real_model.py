@@ -266,6 +266,7 @@ def test_demo_refuses_bad_arguments(capsys):
         (["--max-new-tokens", "0"], "--max-new-tokens=0 is invalid"),
         (["--pair", "qwen2.5-coder", "--target", "t", "--draft", "d"], "--pair qwen2.5-coder and --target/--draft"),
         (["--pair", "llama"], "argument --pair: invalid choice: 'llama'"),
+        (["--num-steps", "0"], "draft_budget=0 is invalid"),
     ]:
         with pytest.raises(SystemExit) as exit_info:
             demo.main(argv)

@@ -308,7 +308,7 @@ def test_without_the_plan_broadcast_skewed_ranks_diverge(tp1, tp2_drafts_unsynce
 )
 def test_pipeline_and_dp_attention_stay_refused(tiny_pair, cpu_runtime, argv, named):
     """Refused by name when the server arguments resolve, before any process starts
-    (README, "Several GPUs", says what each would need)."""
+    (docs/serving.md, "Several GPUs", says what each would need)."""
     from sglang.srt.server_args import prepare_server_args
 
     from parse_sglang.plugin import register
