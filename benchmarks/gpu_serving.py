@@ -6,11 +6,11 @@
     python benchmarks/gpu_serving.py --cpu-smoke [--json]      # tiny models on CPU, ~1 minute (CI)
 
 In-process `sglang.Engine`s, one per pair and engine setting (target-only, STANDALONE, a PARSE
-engine per L and judge kind, draft-only), started one after another (never two at once), with
-the same prompts and settings: CUDA graphs on (decode graphs for batch buckets up to the largest
-batch; SGLang's prefill graph unless --no-prefill-graph), radix cache off (each timed call
+engine per L and judge kind, the adaptive one, draft-only), started one after another (never two
+at once), with the same prompts and settings: CUDA graphs on (decode graphs for batch buckets up
+to the largest batch; SGLang's prefill graph unless --no-prefill-graph), radix cache off (each timed call
 prefills again, and SGLang's STANDALONE radix keys are wrong for shared prefixes:
-benchmarks/README.md), greedy. On an H100 the default run starts 22 engines (11 per pair); split
+benchmarks/README.md), greedy. On an H100 the default run starts 24 engines (12 per pair); split
 it with --pairs / --modes / --steps / --batches (keep target_only in each run: every ratio is
 to the target-only row of the same run), and build the synthetic pair beforehand
 (`python -m support.synthetic build`: it trains on the CPU).
@@ -48,6 +48,12 @@ MODES (--modes)
   parse_likelihood    PARSE, judge_mode "likelihood" (λ = --likelihood-threshold), no probe rows
   (the three judge modes at every L of --judge-steps; accept and reject share one probe-judge
   engine, through per-request settings)
+  parse_adaptive      PARSE, judge off, {"adaptive": true} at L = max(--steps): each round's L
+                      among the default tiers {0, 4, 8, 16, 32} up to L, costs measured online
+                      (no cost table): what a user should run. Lossless. Always its own engine
+                      (adaptive is server-wide, never a request's setting); its rounds are not
+                      server_L + 1 draft steps, so it has no verify_ms and no gpu_cost prediction
+                      (in the default modes; not in --cpu-smoke's)
   draft_only          the draft alone, target-only style: its decode step is the draft step of
                       the cost columns (in the default modes; not in --cpu-smoke)
 With --share-engines (the default of --cpu-smoke, where --no-share-engines turns it off) ONE
@@ -65,7 +71,8 @@ after the timed call.
 COLUMNS (one JSON object per row with --json; the table shows the main ones)
   pair, mode, engine        the pair, the mode, and which engine served the row
   L                         draft tokens per round the row's requests may accept (the request's
-                            draft_budget; PARSE rows), STANDALONE's --standalone-steps; null else
+                            draft_budget; PARSE rows: parse_adaptive's largest tier),
+                            STANDALONE's --standalone-steps; null else
   server_L                  the engine's L (--speculative-num-steps): the draft chain runs
                             server_L + 1 steps and the verify window has server_L + 1 chain rows
                             whatever the request's budget
@@ -97,14 +104,15 @@ COLUMNS (one JSON object per row with --json; the table shows the main ones)
   verify_ms                 round_ms - (server_L + 1) * draft_step_ms: one verify pass (plus the
                             round's host work), PARSE rows
   verify_rows_per_round     PARSE's verify-window rows per request-round (server counters)
-  mean_L                    the mean draft length L of the call's request-rounds (an adaptive
-                            server's tiers; server counters)
+  mean_L                    the mean draft length L of the call's request-rounds (parse_adaptive:
+                            the tiers it chose; server counters)
   verify_passes, graph_passes   server counter deltas over the timed call (PARSE)
   graph_replayed            graph_passes == verify_passes > 0: every round replayed the draft
                             chain's and the verify's graphs (PARSE rows; null for others, whose
                             graph use SGLang does not count per call)
-  equal_to_target_only      parse_lossless rows: every output equals target_only's, token for
-                            token (same pair and batch); null where not lossless
+  equal_to_target_only      parse_lossless and parse_adaptive rows: every output equals
+                            target_only's, token for token (same pair and batch); null where not
+                            lossless
   outputs_equal             share of this row's outputs equal to target_only's (all rows)
   judged_share              draft tokens the judge took beyond exact matches / tokens after the first
   cuda_graphs, attention_backend, dtype, device   the engine's settings, the device name
@@ -177,15 +185,20 @@ MODES = (
     "parse_judge_reject",
     "parse_likelihood",
     "draft_only",
+    "parse_adaptive",
 )
-PARSE_MODES = ("parse_lossless", "parse_judge_accept", "parse_judge_reject", "parse_likelihood")
-JUDGE_MODES = PARSE_MODES[1:]
+JUDGE_MODES = ("parse_judge_accept", "parse_judge_reject", "parse_likelihood")
+PARSE_MODES = ("parse_lossless", *JUDGE_MODES, "parse_adaptive")
+LOSSLESS_MODES = ("parse_lossless", "parse_adaptive")
+# Every round of these drafts server_L + 1 steps: the cost model (verify_ms, --gpu-cost) holds for them.
+FIXED_L_MODES = ("parse_lossless", *JUDGE_MODES)
 ATTENTION_BACKENDS = ("triton", "flashinfer", "fa3", "torch_native")
 SAMPLING_BACKENDS = ("pytorch", "flashinfer")
 DTYPES = ("bfloat16", "float16", "float32")
 # Per-request PARSE settings of each mode (custom_params["parse"]); a row adds its draft_budget.
 REQUEST_SETTINGS = {
     "parse_lossless": {"judge": False},
+    "parse_adaptive": {"judge": False},
     "parse_judge_accept": {"judge_mode": "probe", "threshold": 0.0},
     "parse_judge_reject": {"judge_mode": "probe", "threshold": 1.0},
 }
@@ -357,13 +370,17 @@ class EngineSpec:
 
 
 def parse_config_for(args, L: int, mode: str) -> ParseConfig:
-    """The server ParseConfig of an engine serving `mode` at L."""
+    """The server ParseConfig of an engine serving `mode` at L. Judge and adaptive are named in
+    every mode, so that a change of the package's defaults changes no mode."""
     base = dict(draft_budget=L, probe_stride=args.probe_stride, likelihood_threshold=args.likelihood_threshold)
+    if mode == "parse_adaptive":
+        return ParseConfig(**base, judge=False, adaptive=True)
     if mode == "parse_lossless":
-        return ParseConfig(**base, judge=False)
+        return ParseConfig(**base, judge=False, adaptive=False)
     if mode == "parse_likelihood":
-        return ParseConfig(**base, judge_mode="likelihood")
-    return ParseConfig(**base)  # the probe judge (accept / reject per request; shared engines)
+        return ParseConfig(**base, judge=True, judge_mode="likelihood", adaptive=False)
+    # the probe judge (accept / reject per request; shared engines)
+    return ParseConfig(**base, judge=True, judge_mode="probe", adaptive=False)
 
 
 def request_settings(args, mode: str, L: int, server_L: int) -> dict:
@@ -381,7 +398,7 @@ def plan_engines(args, pair: Pair) -> list[EngineSpec]:
     modes, plan = args.modes, []
     parse_rows: dict[tuple[str, int], RowSpec] = {}
     for mode in modes:
-        if mode in PARSE_MODES:
+        if mode in FIXED_L_MODES:
             for L in args.steps if mode == "parse_lossless" else args.judge_steps:
                 parse_rows[(mode, L)] = RowSpec(mode, L)
     if args.share_engines and parse_rows:
@@ -402,6 +419,11 @@ def plan_engines(args, pair: Pair) -> list[EngineSpec]:
             config = parse_config_for(args, L, rows[0].mode)
             label = {"probe": "probe judge", "parse_likelihood": "likelihood", "parse_lossless": "lossless"}[kind]
             plan.append(EngineSpec(f"PARSE L={L} {label}", parse_engine_kwargs(pair.draft, config), rows, L, config))
+    if "parse_adaptive" in modes:  # server-wide, so never shared: its own engine even with --share-engines
+        L = max(args.steps)
+        config = parse_config_for(args, L, "parse_adaptive")
+        row = RowSpec("parse_adaptive", L, request_settings(args, "parse_adaptive", L, L))
+        plan.append(EngineSpec(f"PARSE adaptive L<={L}", parse_engine_kwargs(pair.draft, config), [row], L, config))
     if "standalone" in modes:
         steps = args.standalone_steps
         plan.append(
@@ -507,13 +529,18 @@ def parse_totals(engine) -> dict:
 # ---- measuring -------------------------------------------------------------------------------
 
 
-def measure(engine, pair: Pair, spec: EngineSpec, row: RowSpec, batch: int, max_new_tokens: int, warm_up: bool) -> dict:
-    """One row: a warm-up call (if warm_up), the timed call, the prefill-only call; counters and outputs."""
-    prompts = pair.prompts[:batch]
+def sampling_params(pair: Pair, row: RowSpec, max_new_tokens: int) -> dict:
+    """Greedy, the row's per-request PARSE settings."""
     params = {"temperature": 0.0, "max_new_tokens": max_new_tokens, "ignore_eos": pair.ignore_eos}
     if row.request:
         params["custom_params"] = {"parse": row.request}
-    first = dict(params, max_new_tokens=1)
+    return params
+
+
+def measure(engine, pair: Pair, spec: EngineSpec, row: RowSpec, batch: int, max_new_tokens: int, warm_up: bool) -> dict:
+    """One row: a warm-up call (if warm_up), the timed call, the prefill-only call; counters and outputs."""
+    prompts = pair.prompts[:batch]
+    params = sampling_params(pair, row, max_new_tokens)
     if warm_up:
         engine.generate(input_ids=prompts, sampling_params=dict(params, max_new_tokens=min(max_new_tokens, 8)))
     before = parse_totals(engine)
@@ -522,26 +549,48 @@ def measure(engine, pair: Pair, spec: EngineSpec, row: RowSpec, batch: int, max_
     wall = time.perf_counter() - start
     after = parse_totals(engine)
     start = time.perf_counter()
-    engine.generate(input_ids=prompts, sampling_params=first)
+    engine.generate(input_ids=prompts, sampling_params=dict(params, max_new_tokens=1))
     prefill = time.perf_counter() - start
+    return summarize(
+        engine, pair, spec, row, batch, TimedCall(prompts, outs, max_new_tokens, wall, prefill, before, after)
+    )
 
+
+@dataclasses.dataclass
+class TimedCall:
+    """What a timed call gave: its prompts and outputs, wall time, the prefill-only call's time
+    (None where the requests did not start together, as in an open loop: then no decode or round
+    time), the engine's PARSE counters (parse_totals) before and after."""
+
+    prompts: list[list[int]]
+    outs: list[dict]
+    max_new_tokens: int
+    wall: float
+    prefill: float | None
+    before: dict
+    after: dict
+
+
+def summarize(engine, pair: Pair, spec: EngineSpec, row: RowSpec, batch: int, call: TimedCall) -> dict:
+    """The row of a timed call (module docstring's COLUMNS)."""
+    prompts, outs, wall, prefill = call.prompts, call.outs, call.wall, call.prefill
     metas = [o["meta_info"] for o in outs]
     completions = [m["completion_tokens"] for m in metas]
     tokens, after_first = sum(completions), sum(c - 1 for c in completions)
     delta = {
-        k: after.get(k, 0) - before.get(k, 0)
+        k: call.after.get(k, 0) - call.before.get(k, 0)
         for k in ("verify_passes", "graph_passes", "rounds", "verify_rows", "draft_length")
     }
     judged = sum((m.get("parse") or {}).get("accepted_judged", 0) for m in metas)
-    if row.mode in PARSE_MODES:
+    if spec.config is not None:
         rounds, request_rounds = delta["verify_passes"], sum((m.get("parse") or {}).get("rounds", 0) for m in metas)
     elif row.mode == "standalone":
         counts = [m.get("spec_verify_ct", 0) for m in metas]
         rounds, request_rounds = max(counts), sum(counts)
-    else:
-        rounds, request_rounds = max(completions) - 1, after_first
-    decode = wall - prefill
-    parse_row = row.mode in PARSE_MODES
+    else:  # decode steps: the longest request's, where all of them started together
+        rounds, request_rounds = max(completions) - 1 if prefill is not None else None, after_first
+    decode = wall - prefill if prefill is not None else None
+    parse_row = spec.config is not None
     return {
         "pair": pair.name,
         "mode": row.mode,
@@ -549,16 +598,16 @@ def measure(engine, pair: Pair, spec: EngineSpec, row: RowSpec, batch: int, max_
         "L": row.L,
         "server_L": spec.server_L,
         "batch": batch,
-        "context": sum(map(len, prompts)) / batch,
-        "max_new_tokens": max_new_tokens,
+        "context": sum(map(len, prompts)) / len(prompts),
+        "max_new_tokens": call.max_new_tokens,
         "output_tokens": tokens,
         "wall_s": wall,
         "prefill_s": prefill,
         "decode_s": decode,
         "tokens_per_s": tokens / wall,
-        "decode_tokens_per_s": after_first / decode if decode > 0 and after_first else None,
+        "decode_tokens_per_s": after_first / decode if decode and decode > 0 and after_first else None,
         "rounds": rounds,
-        "round_ms": 1000 * decode / rounds if rounds and decode > 0 else None,
+        "round_ms": 1000 * decode / rounds if rounds and decode and decode > 0 else None,
         "tokens_per_round": after_first / request_rounds if request_rounds else None,
         "verify_rows_per_round": delta["verify_rows"] / delta["rounds"] if parse_row and delta["rounds"] else None,
         "mean_L": delta["draft_length"] / delta["rounds"] if parse_row and delta["rounds"] else None,
@@ -653,7 +702,7 @@ def derive(rows: list[dict]) -> None:
         else:
             row["accepted_per_round"] = None
         row["verify_ms"] = None
-        if row["mode"] in PARSE_MODES and row["round_ms"] is not None and row["draft_step_ms"] is not None:
+        if row["mode"] in FIXED_L_MODES and row["round_ms"] is not None and row["draft_step_ms"] is not None:
             row["verify_ms"] = row["round_ms"] - (row["server_L"] + 1) * row["draft_step_ms"]
         ok = base is not None and row["mode"] != "draft_only"
         row["ratio_to_target_only"] = row["tokens_per_s"] / base["tokens_per_s"] if ok else None
@@ -666,7 +715,7 @@ def derive(rows: list[dict]) -> None:
         row["a_break"] = row["round_ms"] / base["round_ms"] - 1 if ok and row["round_ms"] and base["round_ms"] else None
         same = [a == b for a, b in zip(row["output_ids"], base["output_ids"])] if ok else []
         row["outputs_equal"] = sum(same) / len(same) if same else None
-        row["equal_to_target_only"] = all(same) if row["mode"] == "parse_lossless" and same else None
+        row["equal_to_target_only"] = all(same) if row["mode"] in LOSSLESS_MODES and same else None
 
 
 def read_gpu_cost(path: str) -> dict[tuple[int, int, int], dict]:
@@ -700,7 +749,7 @@ def add_gpu_cost(rows: list[dict], costs: dict[tuple[int, int, int], dict]) -> N
     times where all three were captured, else eager ones, as gpu_cost.py's own prediction)."""
     for row in rows:
         row["predicted_ratio_gpu_cost"], row["gpu_cost_match"] = None, None
-        if row["mode"] not in PARSE_MODES or row["accepted_per_round"] is None:
+        if row["mode"] not in FIXED_L_MODES or row["accepted_per_round"] is None:
             continue
         contexts = [P for (L, P, b) in costs if L == row["server_L"] and b == row["batch"]]
         if not contexts:
@@ -785,7 +834,7 @@ def print_tables(rows: list[dict], gpu_cost: bool) -> None:
             "predicted_ratio_gpu_cost",
             "gpu_cost_match",
         )
-        print(table(keys, [[fmt(r[k]) for k in keys] for r in rows if r["mode"] in PARSE_MODES]))
+        print(table(keys, [[fmt(r[k]) for k in keys] for r in rows if r["mode"] in FIXED_L_MODES]))
 
 
 def plot(rows: list[dict], path: str, title: str) -> None:
@@ -801,7 +850,7 @@ def plot(rows: list[dict], path: str, title: str) -> None:
 
     pairs = list(dict.fromkeys(r["pair"] for r in rows))
     fig, axes = plt.subplots(1, len(pairs), figsize=(6.5 * len(pairs), 5), squeeze=False)
-    markers = dict(zip(MODES, "sDo^v*x"))
+    markers = dict(zip(MODES, "sDo^v*xP"))
     batches = sorted({r["batch"] for r in rows})
     colours = {b: plt.cm.viridis(i / max(len(batches) - 1, 1)) for i, b in enumerate(batches)}
     for ax, pair in zip(axes[0], pairs):
@@ -857,7 +906,8 @@ SMOKE = dict(
     context=48,
     max_new_tokens=16,
     probe_stride=2,
-    modes=[m for m in MODES if m != "draft_only"],
+    # parse_adaptive's own engine would double the smoke's PARSE starts: --modes names it where wanted
+    modes=[m for m in MODES if m not in ("draft_only", "parse_adaptive")],
     max_batch=4,
 )
 
@@ -988,6 +1038,7 @@ def parse_args(argv=None):
     args.all_L = sorted(
         set(args.steps if "parse_lossless" in parse_modes else [])
         | set(args.judge_steps if set(parse_modes) & set(JUDGE_MODES) else [])
+        | ({max(args.steps)} if "parse_adaptive" in parse_modes else set())
         | {1}
     )
     return args

@@ -65,7 +65,10 @@ def main() -> None:
     tokenizer = build_tokenizer(tempfile.mkdtemp())
     drafts_host = torch.randint(0, len(tokenizer), (args.batch, args.draft))
     policy = RequestPolicy(
-        ParseConfig(draft_budget=args.draft, probe_stride=args.stride), args.draft, True, frozenset()
+        ParseConfig(draft_budget=args.draft, probe_stride=args.stride, judge=True, judge_mode="probe"),
+        args.draft,
+        True,
+        frozenset(),
     )
 
     def host_built(context):

@@ -146,8 +146,9 @@ def main() -> None:
         args.target, args.draft = map(str, smollm2.model_pair())
     try:
         extra = json.loads(args.parse_config)
-        config = ParseConfig(**{"draft_budget": args.steps, "probe_stride": args.probe_stride,
-                                "threshold": args.threshold, "judge": not args.lossless, **extra})  # fmt: skip
+        config = ParseConfig(**{"draft_budget": args.steps, "probe_stride": args.probe_stride, "adaptive": False,
+                                "threshold": args.threshold, "judge": not args.lossless, "judge_mode": "probe",
+                                **extra})  # fmt: skip
     except (ValueError, TypeError) as err:
         parser.error(f"--parse-config={args.parse_config!r} is invalid: {err}")
     common = dict(engine_settings(), model_path=args.target, log_level="error", max_running_requests=max(args.batch))

@@ -3,7 +3,7 @@ row per judge setting, all in SGLang in one run.
 
     python benchmarks/semantic.py [--pair synthetic|smollm2|qwen2.5-coder] [--suite humaneval|gsm]
                                   [--num-problems N] [--first K] [--modes MODE ...] [--dtype D]
-                                  [--batch-size B] [--json]
+                                  [--batch-size B] [--json] [--no-nll]
                                   [--target DIR --draft DIR --prompts FILE [--grader MODULE:FUNC]]
                                   [--num-steps L] [--probe-stride D] [--max-new-tokens N]
                                   [--temperature T [--top-p P]] [--plot PNG] [--cache-dir DIR]
@@ -23,7 +23,7 @@ Per row: `accuracy` (share of graded answers correct; null where there is no gra
 matches), `verify_rows_per_round` (PARSE's window rows per round), `wall_s` (the row's batches),
 `output_ids` (--json only) and `target_nll` (the target's own mean negative log-likelihood per
 output token, with transformers: what a judge that accepts un-target-like text costs by the
-target's measure).
+target's measure; --no-nll leaves it null, which on a 1.5B target saves most of the run).
 
 --pair synthetic (default): held-out problems of the synthetic trained pair
 (support.synthetic, a stand-in that makes the judge measurable offline, NOT evidence about
@@ -343,6 +343,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--plot", help="PNG path (default benchmarks/semantic_<pair>.png)")
     parser.add_argument("--cache-dir", help="cache root of built models")
     parser.add_argument("--json", action="store_true", help="one JSON object per row on stdout")
+    parser.add_argument("--no-nll", action="store_true", help="no target_nll column (a real target takes long)")
     args = parser.parse_args(argv)
     if (args.target is None) != (args.draft is None) or (args.target is not None) != (args.prompts is not None):
         parser.error("--target, --draft and --prompts go together")
@@ -355,7 +356,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             "temperature >= 0 and a top-p in (0, 1]"
         )
     try:
-        config = ParseConfig(draft_budget=args.num_steps, probe_stride=args.probe_stride)
+        # Fixed L, the probe judge on: every judged row's request may pick its judge and threshold.
+        config = ParseConfig(draft_budget=args.num_steps, probe_stride=args.probe_stride, adaptive=False, judge=True,
+                             judge_mode="probe")  # fmt: skip
     except ValueError as err:  # draft_budget is --num-steps, probe_stride --probe-stride
         parser.error(f"--num-steps / --probe-stride: {err}")
     import sglang_cpu
@@ -383,7 +386,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     with tqdm(total=total, desc="rows", file=sys.stderr) as progress:
         rows = run_rows(work, config, args.max_new_tokens, progress, args.temperature, args.top_p, args.modes,
                         args.dtype, args.batch_size)  # fmt: skip
-    add_target_nll(rows, work)
+    if args.no_nll:
+        for row in rows:
+            row["target_nll"] = None
+    else:
+        add_target_nll(rows, work)
     title = (
         f"{name}: {len(work.prompt_ids)} prompts, L={config.draft_budget}, Δ={config.probe_stride}"
         + (f", temperature {args.temperature}, top-p {args.top_p}" if args.temperature else "")

@@ -58,7 +58,9 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
     max_total_tokens = args.max_total_tokens
     if cpu_settings and max_total_tokens is None:
         max_total_tokens = CPU_KV_TOKENS
-    parse_config = {"judge": False} if args.lossless else {"threshold": args.threshold}
+    parse_config = (
+        {"judge": False} if args.lossless else {"judge": True, "judge_mode": "probe", "threshold": args.threshold}
+    )
     return dict(
         model_path=args.target,
         speculative_algorithm="PARSE",

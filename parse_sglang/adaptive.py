@@ -5,8 +5,11 @@ settings and what it achieves are docs/adaptive.md.
   verify rows), measured from the worker's own rounds or loaded from `profile_cost`.
 - `Acceptance` / `PooledAcceptance`: each request's survival curve of its accepted length, its
   prior the server's pooled curve.
+- `Calibration`: P(a draft token is kept | the draft's confidence in it), over every request's
+  unjudged rounds.
 - `AdaptiveDraftLength`: the `DraftLengthPolicy` choosing the tier with the most expected
-  tokens per second, probing out of tier 0 when a drafting round may pay again.
+  tokens per second, probing out of tier 0 when a drafting round may pay again, and, once the
+  drafts are on the host, where their verify stops (`verify_length`).
 """
 
 from __future__ import annotations
@@ -156,10 +159,10 @@ class CostTable:
 @dataclass
 class Survival:
     """Decayed counts per draft position j = 1, 2, ...: of rounds that reached j (drafted it and
-    kept every token before it), and of those that kept j too. `observe` decays each position
-    only in the rounds that reach it (the pooled curve: one request's short rounds do not wash
-    out what other requests' long ones saw further on); a request's own curve is also `fade`d
-    whole every round (`Acceptance.observe`): its text changes as it goes."""
+    kept every token before it), and of those that kept j too. Both a request's curve and the
+    server's pooled one are `fade`d whole every round they observe (`Acceptance.observe`,
+    `PooledAcceptance.observe`): a request's text changes as it goes, and what no round reaches
+    any more must not outlive what the rounds do reach."""
 
     reached: list = field(default_factory=list)
     kept: list = field(default_factory=list)
@@ -169,20 +172,58 @@ class Survival:
         self.reached = [factor * r for r in self.reached]
         self.kept = [factor * k for k in self.kept]
 
-    def observe(self, drafted: int, accepted: int, decay: float) -> None:
+    def observe(self, drafted: int, accepted: int) -> None:
         reach = min(accepted + 1, drafted)
         missing = reach - len(self.reached)
         if missing > 0:
             self.reached += [0.0] * missing
             self.kept += [0.0] * missing
         for j in range(reach):
-            self.reached[j] = decay * self.reached[j] + 1.0
-            self.kept[j] = decay * self.kept[j] + float(j < accepted)
+            self.reached[j] += 1.0
+            self.kept[j] += float(j < accepted)
 
     def keep_rate(self, j: int, prior: float, weight: float) -> float:
         """P(position j + 1 is kept | it is reached), with `weight` rounds' worth of `prior`."""
         reached, kept = (self.reached[j], self.kept[j]) if j < len(self.reached) else (0.0, 0.0)
         return (kept + weight * prior) / (reached + weight)
+
+
+CONFIDENCE_BINS = 10  # buckets of the draft's top-1 probability, [k/10, (k+1)/10)
+CONFIDENCE_DECAY = 0.995  # weight of the past per reached draft position, server-wide
+CALIBRATED = 64  # reached draft positions (decayed) the calibration needs before a verify is cut
+
+
+@dataclass
+class Calibration:
+    """P(a reached draft position is kept | the draft's confidence there): decayed counts per
+    confidence bucket over every request's rounds, each bucket's prior its own midpoint (one
+    position's worth). A position is reached when every draft token before it was kept."""
+
+    reached: list = field(default_factory=lambda: [0.0] * CONFIDENCE_BINS)
+    kept: list = field(default_factory=lambda: [0.0] * CONFIDENCE_BINS)
+
+    @staticmethod
+    def bin(confidence: float) -> int:
+        return min(int(confidence * CONFIDENCE_BINS), CONFIDENCE_BINS - 1)
+
+    def observe(self, confidence: Sequence[float], accepted: int) -> None:
+        for j, c in enumerate(confidence[: accepted + 1]):
+            b = self.bin(c)
+            self.reached[b] = CONFIDENCE_DECAY * self.reached[b] + 1.0
+            self.kept[b] = CONFIDENCE_DECAY * self.kept[b] + float(j < accepted)
+
+    def keep_rate(self, confidence: float) -> float:
+        b = self.bin(confidence)
+        return (self.kept[b] + (b + 0.5) / CONFIDENCE_BINS) / (self.reached[b] + 1.0)
+
+    def expected(self, confidence: Sequence[float]) -> list[float]:
+        """[E[kept | length] for length = 0 .. len(confidence)]: sums of the survival S(j), the
+        product of the calibrated keep rates up to j."""
+        sums, alive = [0.0], 1.0
+        for c in confidence:
+            alive *= self.keep_rate(c)
+            sums.append(sums[-1] + alive)
+        return sums
 
 
 @dataclass
@@ -196,11 +237,18 @@ class Acceptance:
 
     def expected(self, length: int, pooled: "PooledAcceptance") -> float:
         """E[draft tokens accepted] of a round drafting `length` tokens: Σ_{j ≤ length} S(j),
-        S(j) the product of the keep rates up to j (made once per change of either curve)."""
+        S(j) the product of the keep rates up to j (made once per change of either curve). A
+        position beyond the furthest this request has reached keeps at least the rate of the one
+        before it: rounds that kept all they drafted say nothing of what lies beyond, and the
+        pooled rate there (other requests' text) had kept such a request at a short tier (on the
+        synthetic pair, batch 1 at L = 8 where L = 32 kept 31.5 of 32)."""
         if self._version != pooled.version:
-            sums, alive = [0.0], 1.0
+            sums, alive, rate = [0.0], 1.0, 0.0
             for j, prior in enumerate(pooled.keep_rates()):
-                alive *= self.survival.keep_rate(j, prior, self.prior_weight)
+                if 0 < len(self.survival.reached) <= j:
+                    prior = max(prior, rate)
+                rate = self.survival.keep_rate(j, prior, self.prior_weight)
+                alive *= rate
                 sums.append(sums[-1] + alive)
             self._sums, self._version = sums, pooled.version
         return self._sums[min(max(length, 0), len(self._sums) - 1)]
@@ -209,7 +257,7 @@ class Acceptance:
         """A round of the request: all it has seen so far, the prior included, ages by DECAY."""
         self.survival.fade(DECAY)
         self.prior_weight = max(DECAY * self.prior_weight, PRIOR_WEIGHT_MIN)
-        self.survival.observe(drafted, accepted, 1.0)
+        self.survival.observe(drafted, accepted)
         self._version = -1
 
 
@@ -236,7 +284,11 @@ class PooledAcceptance:
         return self._rates[1]
 
     def observe(self, drafted: int, accepted: int) -> None:
-        self.survival.observe(drafted, accepted, POOLED_DECAY)
+        """The whole curve ages by POOLED_DECAY per request-round, positions this round did not
+        reach included: otherwise a failure seen further out than the rounds now reach never
+        ages, and prices the longer tiers out for good (the batch-1 lock-in at L = 8)."""
+        self.survival.fade(POOLED_DECAY)
+        self.survival.observe(drafted, accepted)
         self.version += 1
 
 
@@ -254,6 +306,8 @@ class AdaptiveDraftLength(DraftLengthPolicy):
         self._break_even = None  # tokens per request this round must emit to beat tier 0 in its time
         self._typical = Acceptance()  # no rounds of its own: the pooled curve's expectations
         self._clock = {}  # this round's host times at its crossings (its measured costs)
+        self._tier = 0  # this round's drafted tier (what its draft part cost)
+        self.calibration = Calibration()  # P(kept | the draft's confidence), every request's rounds
 
     @classmethod
     def of(cls, config) -> "AdaptiveDraftLength":
@@ -278,15 +332,39 @@ class AdaptiveDraftLength(DraftLengthPolicy):
         """The tier of this round: reqs and their `RequestPolicy`s; rows_of(tier) -> the verify
         rows of the batch at that tier; steps: the decode steps a tier-0 round of it would run."""
         self._clock = {"start": time.perf_counter()}
-        tier = self._best_tier(reqs, policies, rows_of, steps)
+        self._tier = tier = self._best_tier(reqs, policies, rows_of, steps)
         self._break_even = self._break_even_of(len(reqs), tier, rows_of) if tier else None
         return tier
+
+    def verify_length(self, policies, confidence, rows_of) -> int:
+        """The tier (at most the drafted L) whose verify gives the batch the most expected tokens
+        per second of the whole round: the draft part is spent, the rest is priced per verify rows;
+        each request's expected kept tokens are sums of its calibrated confidences' products (one
+        global choice: every request of a batch verifies the same rows)."""
+        bs, drafted = confidence.shape
+        shorter = [t for t in self.tiers if 0 < t < drafted]
+        if not shorter or sum(self.calibration.reached) < CALIBRATED or any(p.judged for p in policies):
+            return drafted  # a judge keeps text the draft was unsure of: confidence does not predict it
+        rows = confidence.tolist()
+        sums = [self.calibration.expected(row[: p.budget]) for row, p in zip(rows, policies)]
+        best, best_rate = drafted, 0.0
+        for length in [drafted, *reversed(shorter)]:  # ties: the longer
+            cost = self.costs.cost(bs, drafted, rows_of(length))
+            if cost is None or cost <= 0:
+                return drafted
+            rate = sum(1 + s[min(length, len(s) - 1)] for s in sums) / cost
+            if rate > best_rate:
+                best, best_rate = length, rate
+        return best
 
     def _best_tier(self, reqs, policies, rows_of, steps: int) -> int:
         bs = len(reqs)
         measured = self.costs.measured_tiers(bs)
         if not self.costs.fixed and len(measured) < 2 and not self.costs.explored():
-            return self.tiers[-1] if self.tiers[-1] not in measured else self.tiers[0]  # the longest, then 0
+            # The shortest drafting tier, then 0: the longest first had cost a fresh server at batch 60
+            # two rounds of 33 x 60 verify rows on the real pair (0.64x target-only over 96 tokens).
+            first = next((t for t in self.tiers if t > 0), self.tiers[0])
+            return first if first not in measured else self.tiers[0]
         rates = {}
         for tier in self.tiers:
             cost = self.costs.cost(bs, tier, rows_of(tier), steps if tier == 0 else 1)
@@ -335,8 +413,7 @@ class AdaptiveDraftLength(DraftLengthPolicy):
     def after_round(self, reqs, window, result, steps: int) -> None:
         """`observe` with the round's times from the controller's clock (the result is on the host)."""
         start, drafts = self._clock["start"], self._clock["drafts"]
-        shape = window.shape
-        self.observe(reqs, shape.draft_len, shape.rows, window.plan, result, drafts - start,
+        self.observe(reqs, self._tier, window.shape.rows, window.plan, result, drafts - start,
                      time.perf_counter() - drafts, steps)  # fmt: skip
 
     def server_state(self) -> dict:
@@ -350,10 +427,13 @@ class AdaptiveDraftLength(DraftLengthPolicy):
             self._zero_streak += steps
             return
         emitted = []
-        for req, drafted, accepted in zip(reqs, plan.draft_lens.tolist(), result.lengths):
+        rows = zip(reqs, plan.draft_lens.tolist(), result.lengths, plan.confidence.tolist(), plan.judged.tolist())
+        for req, drafted, accepted, confidence, judged in rows:
             if drafted:
                 self.acceptance(req).observe(drafted, accepted)
                 self.pooled.observe(drafted, accepted)
+                if not judged:  # what exact match keeps (what the verify's cut predicts)
+                    self.calibration.observe(confidence[:drafted], accepted)
                 emitted.append(1 + accepted)
         if emitted and statistics.mean(emitted) > (self._break_even or 1.0):
             self._backoff = 1  # drafting paid for itself: a batch that falls to tier 0 next probes soon

@@ -19,9 +19,10 @@ the target's own next tokens confirmed; `accepted_judged`: draft tokens accepted
 exact-match prefix because the judge said yes; `judge_probes`: the judge probes its rounds asked
 (a round's real probes; the padding probes that keep one window width across a batch are not
 counted). With `custom_params={"parse": {"return_probe_scores": true}}`
-the dict also holds `"probe_scores"`: one entry per round, `{"draft": [ids], "accepted": a,
-"exact": e, "probes": [[b, p], ...], "likelihood": [[b, q], ...]}` - the draft tokens the round
-verified, how many of them it accepted (e of them by exact match), every real probe's boundary b
+the dict also holds `"probe_scores"`: one entry per round, `{"length": L, "draft": [ids],
+"confidence": [c], "accepted": a, "exact": e, "probes": [[b, p], ...], "likelihood": [[b, q],
+...]}` - the round's L, the draft tokens the round verified and the draft's top-1 probability at
+each, how many of them it accepted (e of them by exact match), every real probe's boundary b
 and judge score p (no probes: judge off for that round), and where the likelihood judge ran,
 each boundary's smallest draft-token probability q.
 
@@ -220,6 +221,7 @@ def probe_round(window, result, i: int) -> dict:
     return {
         "length": window.shape.draft_len,  # the round's L (the adaptive tier)
         "draft": plan.drafts[i, : plan.draft_lens[i]].tolist(),
+        "confidence": plan.confidence[i, : plan.draft_lens[i]].tolist(),
         "accepted": result.lengths[i],
         "exact": result.exact_tokens[i],
         "probes": per_boundary(result.probe_scores, bool(plan.probed[i])),

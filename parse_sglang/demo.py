@@ -328,7 +328,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     lossless = args.lossless or pair.lossless
     try:
         # The server's judge stays on unless --lossless: a request may turn the judge off, never on.
-        config = ParseConfig(
+        config = ParseConfig(  # a fixed L: the demo shows what each round keeps
+            adaptive=False,
             draft_budget=pair.num_steps if args.num_steps is None else args.num_steps,
             probe_stride=pair.probe_stride if args.probe_stride is None else args.probe_stride,
             threshold=args.threshold,

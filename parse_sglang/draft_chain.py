@@ -25,6 +25,11 @@ addresses), and `draft(..., length)` runs the tier's. Tier 0 (plain decode steps
 chain: the draft idles (`idle` counts the tokens it missed) and is extended over them when
 drafting resumes (`catch_up`, one draft extend).
 
+Each drafted token's confidence, the draft's top-1 probability at its step (softmax of the
+step's logits, at temperature 1), is written on the device by the chain itself
+(`draft_forward`: inside the captured graph on a GPU) into a buffer kept for the process, and
+travels to the host with the drafts in the one copy the round makes before its verify.
+
 Greedy requests draft the argmax. Where drafts are sampled (`samples`: the server's judge is
 on, so that samples of one prompt do not share the draft's argmax text as their judged spans,
 or `--speculative-use-rejection-sampling` is on, whose rule needs the draft's distribution), a
@@ -42,9 +47,10 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import itertools
 import logging
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import NamedTuple, Optional, Sequence
 
 import torch
 from sglang.srt.managers.schedule_batch import ScheduleBatch
@@ -76,6 +82,15 @@ def sampled_proposals(samples: bool):
         yield
     finally:
         get_context().override("parse.draft_chain", speculative_use_rejection_sampling=False)
+
+
+class Draft(NamedTuple):
+    """Step 1's output: what the round verifies, on the device."""
+
+    tokens: torch.Tensor  # [bs, L] int64 d_1..d_L
+    confidence: torch.Tensor  # [bs, L] float32, the draft's top-1 probability at each step
+    proposals: Optional[torch.Tensor]  # [bs, L, V] q of each d_j (None: an all-greedy batch)
+    graphed: bool  # the chain ran as one graph replay
 
 
 @dataclass
@@ -113,6 +128,7 @@ class DraftChain(StandaloneDraftWorker):
             self.tiers[L].parents, self.tiers[L].score_indices = (
                 self._topk1_parents_prealloc, self._topk1_score_indices_prealloc)  # fmt: skip
         self._no_proposal = None  # [max_bs, V] zeros: the q of c_n, which no one drafted
+        self._confidence = None  # [max_bs, L_max + 1] each chain step's top-1 probability (kept: graphs write it)
 
     def _use(self, length: int) -> ChainTier:
         """Make the chain of draft length `length` the one SGLang's code runs."""
@@ -157,14 +173,50 @@ class DraftChain(StandaloneDraftWorker):
         for req in reqs:
             state_of(req).draft_behind += tokens
 
-    def draft(self, batch: ScheduleBatch, last_tokens: torch.Tensor, rows: torch.Tensor, length: int):
-        """(drafts [bs, L] d_1..d_L, proposals [bs, L, V] or None for an all-greedy batch,
-        whether the chain ran as one graph replay) at draft length L = `length` > 0; rows: the
-        batch's req_pool_indices."""
+    def draft(self, batch: ScheduleBatch, last_tokens: torch.Tensor, rows: torch.Tensor, length: int) -> Draft:
+        """The round's `Draft` at draft length L = `length` > 0; rows: the batch's
+        req_pool_indices. Its confidence is a view of the chain's buffer: read it before the
+        next chain runs."""
         self.catch_up(batch, rows)
         chain, proposals, graphed = self._run_chain(batch, last_tokens, length)
-        steps = slice(1, 1 + length)
-        return chain[:, steps], (proposals[:, steps] if proposals is not None else None), graphed
+        bs, steps = last_tokens.shape[0], slice(1, 1 + length)
+        confidence = self._confidence[:bs, :length]  # step i's logits give d_{i+1}
+        return Draft(chain[:, steps], confidence, proposals[:, steps] if proposals is not None else None, graphed)
+
+    def draft_forward(self, forward_batch: ForwardBatch):
+        """SGLang's chain (`EagleDraftWorker.draft_forward`, also what its graph runner
+        captures), each step's top-1 probability written to the confidence buffer as the step's
+        logits come out: column i for the step that drafts d_{i+1}, rows [:bs] of the (padded)
+        batch. SGLang's topk=1 chain keeps no probability (its `topk_p` is 1)."""
+        runner, steps = self.draft_runner, itertools.count()
+        width = max(tier.steps for tier in self.tiers.values())  # L_max + 2 >= the chain's forwards
+        buffer = self._kept_buffer("_confidence", forward_batch.batch_size, width)
+        own = runner.__dict__.get("forward")  # an instance-level forward (a test's or a runtime's) to restore
+
+        def forward(batch, *args, **kwargs):
+            out = own(batch, *args, **kwargs) if own else type(runner).forward(runner, batch, *args, **kwargs)
+            logits = out.logits_output.next_token_logits  # [bs, V]
+            buffer[: logits.shape[0], next(steps)] = torch.softmax(logits.float(), dim=-1).amax(dim=-1)
+            return out
+
+        runner.forward = forward
+        try:
+            return super().draft_forward(forward_batch)
+        finally:
+            if own is None:
+                del runner.forward
+            else:
+                runner.forward = own
+
+    def _kept_buffer(self, name: str, bs: int, width: int) -> torch.Tensor:
+        """The float32 zeros buffer `name`, made once for the largest batch (a captured graph
+        reads or writes it at its address)."""
+        buffer = getattr(self, name)
+        if buffer is None or buffer.shape[0] < bs:
+            rows = max(bs, get_schedule().max_running_requests or bs)
+            buffer = torch.zeros(rows, width, dtype=torch.float32, device=self.device)
+            setattr(self, name, buffer)
+        return buffer
 
     def catch_up(self, batch: ScheduleBatch, rows: torch.Tensor) -> None:
         """One draft extend over the committed tokens whose draft KV tier-0 rounds skipped (the
@@ -244,8 +296,5 @@ class DraftChain(StandaloneDraftWorker):
         return draft_tokens, proposals, bool(use_graph)
 
     def _no_proposal_rows(self, bs: int) -> torch.Tensor:
-        """[bs, V] zeros, from a buffer made once: the chain's first token c_n was not drafted."""
-        if self._no_proposal is None or self._no_proposal.shape[0] < bs:
-            rows = max(bs, get_schedule().max_running_requests or bs)
-            self._no_proposal = torch.zeros(rows, self.draft_runner.model_config.vocab_size, device=self.device)
-        return self._no_proposal[:bs]
+        """[bs, V] zeros: the chain's first token c_n was not drafted."""
+        return self._kept_buffer("_no_proposal", bs, self.draft_runner.model_config.vocab_size)[:bs]

@@ -3,7 +3,9 @@ after it (`after_round`); what it measures, it times itself (docs/adaptive.md).
 
 - `FixedDraftLength`: every round drafts the server's L (`adaptive: false`).
 - `adaptive.AdaptiveDraftLength` (`adaptive: true`): the tier whose expected tokens per second,
-  by its measured costs and each request's acceptance so far, is the best.
+  by its measured costs and each request's acceptance so far, is the best; once the drafts and
+  their confidences are on the host, the verify may stop at a shorter tier where the calibrated
+  confidences say the rest will not survive (`verify_length`).
 """
 
 from __future__ import annotations
@@ -21,6 +23,11 @@ class DraftLengthPolicy:
 
     def drafts_on_host(self) -> None:
         """The round's drafts reached the host: its draft part ends."""
+
+    def verify_length(self, policies: Sequence, confidence, rows_of: Callable[[int], int]) -> int:
+        """How many of the L drafted tokens the round verifies (at most L); confidence [bs, L] on
+        the host: the draft's top-1 probability at each draft token."""
+        return confidence.shape[1]
 
     def after_round(self, reqs, window, result, steps: int) -> None:
         """The round's `window_plan.Window` and its host result (`acceptance.RoundResult`);

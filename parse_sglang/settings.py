@@ -66,17 +66,20 @@ class ParseConfig:
         costs, fixed (empty: measured from its own rounds). Server-wide.
     """
 
+    # The defaults are what the measured tables say (docs/settings.md, "Why these defaults"):
+    # lossless and adaptive, so that a server started with no settings never loses to the
+    # target alone; a judge a user turns on is the likelihood judge at λ = 0.2.
     draft_budget: int = 32
     probe_stride: int = 8
     delimiters: tuple[str, ...] = DEFAULT_DELIMITERS
-    threshold: float = 0.5
+    threshold: float = 0.9
     judge_question: str = DEFAULT_QUESTION
-    judge: bool = True
-    judge_mode: str = "probe"
-    likelihood_threshold: float = 0.5
+    judge: bool = False
+    judge_mode: str = "likelihood"
+    likelihood_threshold: float = 0.2
     after_rejection: str = "redraft"
     verify_window: str = "auto"
-    adaptive: bool = False
+    adaptive: bool = True
     adaptive_tiers: tuple[int, ...] = ()
     tier0_steps: int = 4
     cost_table: str = ""

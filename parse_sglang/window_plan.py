@@ -101,6 +101,7 @@ class ProbePlan:
     so that a tensor-parallel server can take every rank's from rank 0 (`tp_sync`)."""
 
     drafts: torch.Tensor  # [bs, L] int64, d_1..d_L
+    confidence: torch.Tensor  # [bs, L] float32, the draft's top-1 probability at each d_j
     draft_lens: torch.Tensor  # [bs] int64, draft tokens that may be accepted (budget, stop token)
     phase_limits: torch.Tensor  # [bs] int64, most draft tokens a target phase lets it accept
     judged: torch.Tensor  # [bs] bool, the judge may extend this request's acceptance
@@ -135,7 +136,9 @@ class PlanOnDevice(NamedTuple):
 AS_PLANNED = PlanOnDevice._fields[:8]  # the fields copied from the ProbePlan unchanged
 
 
-def place_probes(drafts_host: torch.Tensor, policies: Sequence[RequestPolicy], texts: TokenTexts) -> ProbePlan:
+def place_probes(
+    drafts_host: torch.Tensor, confidence_host: torch.Tensor, policies: Sequence[RequestPolicy], texts: TokenTexts
+) -> ProbePlan:
     """Each request's acceptable draft length, target-phase limit and real probe boundaries."""
     rows = drafts_host.tolist()
     bs, length = drafts_host.shape
@@ -153,6 +156,7 @@ def place_probes(drafts_host: torch.Tensor, policies: Sequence[RequestPolicy], t
 
     return ProbePlan(
         drafts=drafts_host.to(torch.int64),
+        confidence=confidence_host.to(torch.float32),
         draft_lens=torch.tensor(draft_lens, dtype=torch.int64),
         phase_limits=torch.tensor(limits, dtype=torch.int64),
         judged=flags(lambda p: p.judged),
@@ -170,6 +174,7 @@ def nothing_drafted(bs: int, device) -> tuple[ProbePlan, PlanOnDevice]:
     judged or probed. The same for every such round of `bs` requests (cached per shape)."""
     host = ProbePlan(
         drafts=torch.zeros(bs, 0, dtype=torch.int64),
+        confidence=torch.zeros(bs, 0, dtype=torch.float32),
         draft_lens=torch.zeros(bs, dtype=torch.int64),
         phase_limits=torch.zeros(bs, dtype=torch.int64),
         judged=torch.zeros(bs, dtype=torch.bool),
@@ -232,6 +237,7 @@ def upload_plan(plan: ProbePlan, fixed_probes: Optional[int], device) -> tuple[i
 def plan_window(
     *,
     drafts_host: torch.Tensor,
+    confidence_host: torch.Tensor,
     last_tokens: torch.Tensor,
     prefix_lens: torch.Tensor,
     prefix_sum: int,
@@ -243,7 +249,7 @@ def plan_window(
     mask_buffer: Optional[FullMaskBuffer],
     share: Callable[[ProbePlan], ProbePlan] = lambda plan: plan,
 ) -> Window:
-    """drafts_host [bs, L] on the host; last_tokens / prefix_lens [bs] and suffix_ids [m] on
+    """drafts_host [bs, L] and confidence_host [bs, L] on the host; last_tokens / prefix_lens [bs] and suffix_ids [m] on
     the device (suffix_ids None: no probe on this server); fixed_probes: K_max for a fixed
     window, None for the batch's own K; constants: the per-shape cache; mask_buffer: the FULL
     mask buffer (None: the QLEN_ONLY form); share: the plan every rank builds its window
@@ -254,7 +260,7 @@ def plan_window(
         plan, on_device = constants.cached(("nothing_drafted", bs), lambda: nothing_drafted(bs, device))
         num_probes = 0
     else:
-        plan = share(place_probes(drafts_host, policies, texts))
+        plan = share(place_probes(drafts_host, confidence_host, policies, texts))
         num_probes, on_device = upload_plan(plan, fixed_probes, device)
     shape = WindowShape(length, num_probes, len(suffix_ids) if num_probes else 0)
     chain_tokens = torch.cat([last_tokens[:, None].to(torch.int64), on_device.drafts], dim=1)

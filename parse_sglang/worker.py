@@ -19,9 +19,10 @@ Conventions this worker keeps with SGLang's scheduler (sync V2 schema, no overla
   adaptive server's tier-0 rounds skip the draft, and the round that drafts again first
   extends the draft over the tokens they committed (`DraftChain.catch_up`).
 - Host and device meet three times a round (docs/gpu.md §9): the drafts come to the host (their
-  text places the boundaries), the round's plan goes to the device as one packed tensor
-  (`window_plan`), and after acceptance its result comes back as one packed tensor
-  (`acceptance.round_result`), from which counters and target phases are kept.
+  text places the boundaries) packed with their confidences (where an adaptive server's verify
+  stops), the round's plan goes to the device as one packed tensor (`window_plan`), and after
+  acceptance its result comes back as one packed tensor (`acceptance.round_result`), from which
+  counters and target phases are kept.
 - The verify window is built on the device (`window_plan`, `attention.window`); it has a
   fixed shape (K_max probes, N_max rows) whenever the target's decode CUDA graph can replay
   it (`verify_window` "auto"), else the batch's own probe count; a batch in which no request
@@ -61,9 +62,10 @@ from parse_sglang.adaptive import AdaptiveDraftLength
 from parse_sglang.attention.window import FullMaskBuffer, WindowGeometry, shape_constants
 from parse_sglang.boundaries import TokenTexts
 from parse_sglang.counters import ServerTotals, record_round_stats
-from parse_sglang.draft_chain import DraftChain
+from parse_sglang.draft_chain import Draft, DraftChain
 from parse_sglang.draft_length import FixedDraftLength
 from parse_sglang.judge import answer_columns
+from parse_sglang.packing import fields_of, pack, unpack
 from parse_sglang.round_acceptance import accept_round
 from parse_sglang.scheduler_patches.draft_kv_budget import kv_bytes_per_token
 from parse_sglang.scheduler_patches.pd_peer import draft_identity
@@ -145,12 +147,12 @@ class ParseWorker(BaseSpecWorker):
         length, steps = self._draft_length(batch, policies)  # L: the server's, or the adaptive tier
         if length == 0:  # tier 0: plain decode steps, the draft idle
             return self._decode_steps(batch, committed, policies, steps)
-        drafts, proposals, draft_graphed = self._draft(batch, committed, length)  # 1. d_1..d_L (and their q)
-        window = self._plan_window(committed, drafts, policies)  # 2.-5. boundaries, probes, mask
+        draft = self._draft(batch, committed, length)  # 1. d_1..d_L, their confidence (and their q)
+        window = self._plan_window(committed, draft.tokens, draft.confidence, policies)  # 2.-5. boundaries, probes
         chain_logits, probe_logits, verify_graphed = self._verify(batch, committed, window)  # 6. ONE forward
-        accepted = self._accept(batch, committed, window, chain_logits, probe_logits, proposals)  # 7.-8.
+        accepted = self._accept(batch, committed, window, chain_logits, probe_logits, draft.proposals)  # 7.-8.
         accepted = self.tp.share_accepted(accepted)  # TP: rank 0's decisions on every rank
-        graphed = draft_graphed and verify_graphed
+        graphed = draft.graphed and verify_graphed
         self._record(batch.reqs, window, accepted, graphed)  # counters, target phases
         return self._result(batch, committed, window, accepted, chain_logits, graphed)  # 9. SGLang commits
 
@@ -169,9 +171,17 @@ class ParseWorker(BaseSpecWorker):
         )
         longest = max(self.config.tier0_steps if p.left is None else p.left for p in policies)
         steps = 1 if stepwise else max(min(self.config.tier0_steps, self.config.draft_budget + 1, longest), 1)
+        length = self.draft_length.choose(batch.reqs, policies, self._rows_of(policies), steps)
+        return self._shared(length), steps
+
+    def _rows_of(self, policies):
+        """L -> the verify rows per request of this batch at draft length L."""
         probes = self.probe is not None and any(p.judged and p.config.uses_probe for p in policies)
-        length = self.draft_length.choose(batch.reqs, policies, lambda L: self.geometry.rows(L, probes), steps)
-        return (self.tp.share_length(length) if self.draft_length.per_round else length), steps
+        return lambda L: self.geometry.rows(L, probes)
+
+    def _shared(self, length: int) -> int:
+        """A draft length the policy chose per round: rank 0's on every TP rank."""
+        return self.tp.share_length(length) if self.draft_length.per_round else length
 
     def _decode_steps(self, batch: ScheduleBatch, committed: Committed, policies, steps: int):
         """Tier 0: `steps` plain decode steps for the batch, back to back on the device: each a
@@ -180,14 +190,14 @@ class ParseWorker(BaseSpecWorker):
         as one run (the KV of c_n and the first steps - 1 tokens is written); the result comes
         to the host once, and each step is counted as a round of L = 0."""
         bs = len(batch.reqs)
-        no_drafts = torch.empty((bs, 0), dtype=torch.int64)  # on the host: nothing to copy
+        no_drafts = torch.empty((bs, 0), dtype=torch.int64)  # on the host: nothing to copy (nor confidence)
         no_proposals = None  # the rejection rule's q of a sampled batch: [bs, 0, V]
         if self.rejection_sampling and not batch.sampling_info.is_all_greedy:
             no_proposals = torch.empty((bs, 0, self.model_runner.model_config.vocab_size), device=self.device)
         tokens, graphed = [committed.last_tokens], True
         for j in range(steps):
             step = Committed(committed.seq_lens + j, committed.seq_lens_cpu + j, committed.rows, tokens[-1])
-            window = self._plan_window(step, no_drafts, policies)
+            window = self._plan_window(step, no_drafts, no_drafts, policies)
             chain_logits, probe_logits, step_graphed = self._verify(batch, step, window)
             accepted = self._accept(batch, step, window, chain_logits, probe_logits, no_proposals)
             accepted = self.tp.share_accepted(accepted)
@@ -205,27 +215,33 @@ class ParseWorker(BaseSpecWorker):
         self._record(batch.reqs, window, accepted, graphed, steps)
         return self._result(batch, committed, window, accepted, chain_logits, graphed, steps)
 
-    def _draft(self, batch: ScheduleBatch, committed: Committed, length: int):
-        """[bs, L] draft d_1..d_L from c_n, their proposal distributions [bs, L, V] (None for an
-        all-greedy batch), and whether the draft ran as one graph replay (`DraftChain.draft`:
-        L+1 draft decode steps)."""
+    def _draft(self, batch: ScheduleBatch, committed: Committed, length: int) -> Draft:
+        """d_1..d_L from c_n, with each one's confidence and proposal distribution, and whether
+        the draft ran as one graph replay (`DraftChain.draft`: L+1 draft decode steps)."""
         set_lengths(batch, committed)
         return self._draft_worker.draft(batch, committed.last_tokens, committed.rows, length)
 
-    def _plan_window(self, committed: Committed, drafts: torch.Tensor, policies) -> Window:
-        """Boundaries per request (the drafts' one trip to the host), then one device-built
-        window for all of them (the plan's one trip to the device)."""
-        drafts_host = drafts.cpu()
+    def _plan_window(self, committed: Committed, drafts: torch.Tensor, confidence: torch.Tensor, policies) -> Window:
+        """Boundaries per request (the drafts' and their confidences' one trip to the host, packed),
+        then one device-built window for all of them (the plan's one trip to the device). The
+        window holds the first `verify_length` drafts: all L, or an adaptive server's shorter tier
+        where the confidences say the rest will not survive (a host decision: no copy)."""
+        drafted = [drafts, confidence]  # [bs, L] each
+        drafts_host, confidence_host = unpack(pack(drafted).cpu(), fields_of(drafted))
         self.draft_length.drafts_on_host()  # the end of the round's draft part (its measured cost)
+        if drafts_host.shape[1]:
+            verified = self._shared(self.draft_length.verify_length(policies, confidence_host, self._rows_of(policies)))
+            drafts_host, confidence_host = drafts_host[:, :verified], confidence_host[:, :verified]
         return plan_window(
             drafts_host=drafts_host,
+            confidence_host=confidence_host,
             last_tokens=committed.last_tokens,
             prefix_lens=committed.seq_lens,
             prefix_sum=int(committed.seq_lens_cpu.sum()),
             policies=policies,
             texts=self.texts,
             suffix_ids=self.suffix_ids,
-            fixed_probes=self.geometry.max_probes(drafts.shape[1]) if self._fixed_window() else None,
+            fixed_probes=self.geometry.max_probes(drafts_host.shape[1]) if self._fixed_window() else None,
             constants=self.constants,
             mask_buffer=self.mask_buffer,
             share=self.tp.share_plan,  # TP: rank 0's drafts and boundaries on every rank
@@ -237,8 +253,11 @@ class ParseWorker(BaseSpecWorker):
         return target_verify(self.target_worker, self.verify_graphs, req_to_token, batch, committed, window)
 
     def _accept(self, batch, committed: Committed, window: Window, chain_logits, probe_logits, proposals):
-        """7.-8. SGLang's chain verification, the judge's extension, the bonus (`round_acceptance`)."""
+        """7.-8. SGLang's chain verification, the judge's extension, the bonus (`round_acceptance`);
+        proposals: [bs, L, V] of every draft token, the verified ones read."""
         chain = self.constants.chain_view(window.chain_tokens)
+        if proposals is not None:
+            proposals = proposals[:, : window.shape.draft_len]
         watermark = self.target_worker.model_runner.watermark_state
         return accept_round(batch, committed.seq_lens, window, chain_logits, probe_logits, chain, proposals,
                             self.rejection_sampling, self.probe, self.answer_columns, watermark)  # fmt: skip

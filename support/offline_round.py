@@ -27,6 +27,7 @@ class OfflineRound:
     def plan(self, drafts_host: torch.Tensor, context: int, fixed_probes: int) -> Window:
         return plan_window(
             drafts_host=drafts_host,
+            confidence_host=torch.ones(drafts_host.shape),
             last_tokens=torch.zeros(self.batch, dtype=torch.int64, device=self.device),
             prefix_lens=torch.full((self.batch,), context, dtype=torch.int64, device=self.device),
             prefix_sum=self.batch * context,

@@ -300,6 +300,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             probe_stride=args.probe_stride,
             threshold=args.threshold,
             judge=not args.lossless,
+            judge_mode="probe",
             after_rejection=args.after_rejection,
         )
         output, stats, text = _run(args, config)

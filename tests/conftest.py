@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from parse_sglang.settings import ParseConfig
 from sglang_cpu import CPU_ENGINE_SETTINGS
 from support.tiny_models import build_pair
 
@@ -143,16 +144,29 @@ def target_continuations(hf_target, prompts, max_new: int) -> dict[str, list[int
     return {prompt: hf_greedy(model, tokenizer(prompt).input_ids, max_new) for prompt in prompts}
 
 
+def probe_config(**values) -> ParseConfig:
+    """A fixed-L server with the probe judge on (τ = 0.5; λ = 0.5 where a request picks the
+    likelihood judge), `values` over it: what most engine tests exercise. The package's own
+    defaults are adaptive and lossless (test_units checks them)."""
+    base = {"adaptive": False, "judge": True, "judge_mode": "probe", "threshold": 0.5, "likelihood_threshold": 0.5}
+    return ParseConfig(**{**base, **values})
+
+
 def assert_drafts_are_draft_greedy(outs, prompt_ids, draft) -> int:
     """Every PARSE round's draft (`return_probe_scores` entries) is the draft model's own greedy
-    continuation of the tokens committed before that round, as transformers computes it;
-    returns how many rounds were checked."""
+    continuation of the tokens committed before that round, as transformers computes it, and
+    each draft token's confidence is its probability under the draft's logits there (the
+    top-1, at temperature 1); returns how many rounds were checked."""
     rounds = 0
     for ids, out in zip(prompt_ids, outs):
         committed = 1  # the prefill's token, then each round's accepted drafts and bonus
         for round_ in out["meta_info"]["parse"]["probe_scores"]:
             context = list(ids) + out["output_ids"][:committed]
             assert round_["draft"] == hf_greedy(draft, context, len(round_["draft"]), ignore_eos=True), committed
+            with torch.no_grad():
+                logits = draft(torch.tensor([context + round_["draft"]])).logits[0, len(context) - 1 : -1]
+            reference = torch.softmax(logits.float(), dim=-1).amax(dim=-1)  # [len(draft)]
+            assert torch.allclose(torch.tensor(round_["confidence"]), reference, rtol=0, atol=1e-4), committed
             committed += round_["accepted"] + 1
             rounds += 1
     return rounds

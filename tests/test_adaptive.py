@@ -51,7 +51,8 @@ def observe(controller, reqs, tier: int, accepted: list[int], draft_s: float = 0
             steps: int = 1):  # fmt: skip
     """One round of `reqs` at `tier`, each drafting `tier` tokens: their accepted lengths (and
     the round's measured seconds; a fixed table ignores them; steps: a tier-0 round's)."""
-    plan = SimpleNamespace(draft_lens=torch.full((len(reqs),), tier))
+    plan = SimpleNamespace(draft_lens=torch.full((len(reqs),), tier), confidence=torch.ones(len(reqs), tier),
+                           judged=torch.zeros(len(reqs), dtype=torch.bool))  # fmt: skip
     controller.observe(reqs, tier, rows_of(tier), plan, SimpleNamespace(lengths=accepted), draft_s, rest_s, steps)
 
 
@@ -67,13 +68,16 @@ def test_draft_length_policies_fixed_and_adaptive():
     assert adaptive.per_round and adaptive.tiers == [0, 4, 8]
     req = SimpleNamespace()
     tier = adaptive.choose([req], policies(1, budget=8), rows_of, steps=4)
-    assert tier == 8  # nothing measured: the longest tier first
+    assert tier == 4  # nothing measured: the shortest drafting tier first
     adaptive.drafts_on_host()
     assert getattr(req, "parse", None) is None  # nothing learnt of the request before its round ends
-    plan = SimpleNamespace(draft_lens=torch.tensor([8]))
+    plan = SimpleNamespace(
+        draft_lens=torch.tensor([8]), confidence=torch.full((1, 8), 0.9), judged=torch.tensor([False])
+    )
     window = SimpleNamespace(shape=SimpleNamespace(draft_len=8, rows=9), plan=plan)
     adaptive.after_round([req], window, SimpleNamespace(lengths=[5]), steps=1)
     assert req.parse.acceptance.prior_weight < Acceptance().prior_weight  # the request's own curve saw the round
+    assert sum(adaptive.calibration.reached) == pytest.approx(6, abs=0.1)  # and the calibration: 6 reached, 5 kept
     assert adaptive.server_state()["cost_table"] == adaptive.costs.to_json()
 
 
@@ -207,6 +211,71 @@ def test_a_request_that_stops_keeping_its_drafts_leaves_long_tiers_at_once():
     assert chosen[0] <= 8 and chosen[1] <= 4 and chosen[2:] == [0] * 3, chosen
 
 
+def test_a_request_that_keeps_everything_at_a_short_tier_is_not_locked_in():
+    """The batch-1 lock-in on the synthetic pair (L = 8 in 2 of 4 runs where L = 32 was best): the
+    start-up's two rounds at L = 32 kept 8 of 32; later rounds at L = 8 keep all 8, which says
+    nothing of position 9 on, so the pooled curve's two failures there never aged and priced
+    every longer tier below L = 8 for good. Positions no round reaches age with the pooled curve
+    now, so a request that keeps everything tries the longer tiers again (here after ~100
+    rounds of 9 tokens) and stays at the longest once it keeps that too."""
+    controller = AdaptiveDraftLength(TIERS, linear_costs())
+    req = SimpleNamespace()
+    observe(controller, [req], 32, [8])
+    observe(controller, [req], 32, [8])
+    chosen = []
+    for _ in range(300):
+        chosen.append(controller.choose([req], policies(1), rows_of))
+        observe(controller, [req], chosen[-1], [chosen[-1]])  # keeps everything it drafts
+    assert chosen[0] == 8, chosen[:5]
+    first_long = next(i for i, tier in enumerate(chosen) if tier > 8)
+    assert first_long <= 200 and chosen[-20:] == [32] * 20, (first_long, chosen[-20:])
+
+
+def test_the_verify_stops_where_calibrated_confidence_says_the_draft_will_not_survive():
+    """After L = 32 is drafted, the verify keeps the tier whose expected tokens (sums of the
+    calibrated confidences' products) per second of the whole round are the best: where a row
+    costs as much as a draft step and every request's confidence drops after position 4, it
+    verifies 4; where it stays high, all 32 (or the requests' budget); before the calibration
+    has seen enough positions, all 32."""
+    confident = [0.95] * 4 + [0.05] * 28
+    reqs = [SimpleNamespace() for _ in range(2)]
+    controller = AdaptiveDraftLength(TIERS, linear_costs(step_s=0.002, verify_s=0.004, row_s=0.002))
+    assert controller.verify_length(policies(2), torch.tensor([confident] * 2), rows_of) == 32  # not calibrated
+    for _ in range(20):  # high confidence is kept, low is not
+        controller.calibration.observe([0.95] * 4 + [0.05], 4)
+    assert controller.calibration.keep_rate(0.95) > 0.9 and controller.calibration.keep_rate(0.05) < 0.1
+    assert controller.verify_length(policies(2), torch.tensor([confident] * 2), rows_of) == 4
+    assert controller.verify_length(policies(2), torch.tensor([[0.95] * 32] * 2), rows_of) == 32
+    assert controller.verify_length(policies(2, budget=8), torch.tensor([[0.95] * 32] * 2), rows_of) == 8
+    # what a round verified is what the calibration and the survival curves learn from
+    plan = SimpleNamespace(draft_lens=torch.tensor([4, 4]), confidence=torch.tensor([[0.55] * 4] * 2),
+                           judged=torch.tensor([False, True]))  # fmt: skip
+    before = list(controller.calibration.reached)
+    controller.observe(reqs, 32, rows_of(4), plan, SimpleNamespace(lengths=[2, 4]), 0.0, 0.0)
+    assert sum(controller.calibration.reached) - sum(before) == pytest.approx(3, abs=0.5)  # the judged one: not
+    assert controller.verify_length(policies(2, judged=True), torch.tensor([confident] * 2), rows_of) == 32
+
+
+def test_a_request_that_keeps_all_it_drafts_is_valued_past_its_reach_by_its_own_rate():
+    """The server's pooled curve says position 9 on is rarely kept (other requests' text); a
+    request that keeps all 8 of its L = 8 drafts round after round is valued past position 8 at its
+    own rate, not the pool's, so it tries the longest tier at once; where it then fails at 12, its
+    own curve prices the tiers from what it saw and leaves L = 32."""
+    controller = AdaptiveDraftLength(TIERS, linear_costs())
+    others = [SimpleNamespace() for _ in range(8)]
+    for _ in range(20):
+        observe(controller, others, 32, [8] * 8)  # the server: kept 8, lost the 9th
+    req = SimpleNamespace()
+    assert controller.choose([req], policies(1), rows_of) == 8  # a new request: the pool's curve
+    observe(controller, [req], 8, [8])
+    observe(controller, [req], 8, [8])
+    assert controller.choose([req], policies(1), rows_of) == 32
+    for _ in range(3):
+        observe(controller, [req], 32, [12])
+    assert controller.acceptance(req).expected(32, controller.pooled) == pytest.approx(12, abs=1.0)
+    assert controller.choose([req], policies(1), rows_of) in (8, 16)  # 13 tokens at 16 cost what 9 do at 8
+
+
 def test_judged_jumps_are_valued_by_where_they_land():
     """A judged request that stops at its first boundary (8) or passes every one: the survival
     curve values L = 8 at 8 and L = 32 at 8 too; a geometric per-token model would value L = 32
@@ -247,7 +316,7 @@ def test_controller_picks_tier_zero_for_a_useless_draft_and_the_longest_for_a_pe
     assert perfect.choose(good_reqs, policies(4, budget=4), rows_of) == 4
 
 
-def test_online_costs_explore_the_longest_tier_then_tier_zero_then_close_tiers():
+def test_online_costs_explore_the_shortest_tier_then_tier_zero_then_close_tiers():
     controller = AdaptiveDraftLength(TIERS, CostTable())
     reqs = [SimpleNamespace()]
     chosen = []
@@ -259,19 +328,19 @@ def test_online_costs_explore_the_longest_tier_then_tier_zero_then_close_tiers()
 
     for _ in range(2 * (1 + EXPLORE_SAMPLES)):
         round_()
-    assert chosen == [32] * (1 + EXPLORE_SAMPLES) + [0] * (1 + EXPLORE_SAMPLES)  # a warm-up round each
-    assert controller.costs.measured_tiers(1) == {0, 32}
+    assert chosen == [4] * (1 + EXPLORE_SAMPLES) + [0] * (1 + EXPLORE_SAMPLES)  # a warm-up round each
+    assert controller.costs.measured_tiers(1) == {0, 4}
     # another bucket borrows them instead of exploring again: its choice is by cost at once
-    # (exploring, it would run the longest tier; by cost, with nothing accepted so far, tier 0 wins)
+    # (exploring, it would run tier 4; by cost, with nothing accepted so far, tier 0 wins)
     assert controller.choose([SimpleNamespace() for _ in range(8)], policies(8), rows_of) == 0
     assert controller.costs.measured_tiers(8) == set() and controller.costs.explored()
-    # a draft that keeps 6 of each round: tiers 8 (interpolated cost) and 4 come close; each is
-    # measured before the choice settles on the best by measured costs
+    # a draft that keeps 6 of each round: tier 8 (extrapolated cost) comes close to the measured 4;
+    # it is measured before the choice settles on the best by measured costs
     chosen.clear()
     for _ in range(60):
         round_(accepted=6)
-    assert {4, 8} <= set(chosen), chosen
-    assert controller.costs.measured_tiers(1) >= {0, 8, 32}
+    assert 8 in chosen, chosen
+    assert controller.costs.measured_tiers(1) >= {0, 4, 8}
     assert chosen[-5:] == [8] * 5, chosen
 
 
@@ -414,7 +483,8 @@ def test_bad_adaptive_settings_are_refused_by_name(values, message):
 
 
 def test_tiers_default_to_the_standard_set_up_to_l():
-    assert ParseConfig(draft_budget=32).tiers == (32,)
+    assert ParseConfig(draft_budget=32, adaptive=False).tiers == (32,)
+    assert ParseConfig(draft_budget=32).tiers == (0, 4, 8, 16, 32)  # adaptive is the default
     assert ParseConfig(draft_budget=32, adaptive=True).tiers == (0, 4, 8, 16, 32)
     assert ParseConfig(draft_budget=12, adaptive=True).tiers == (0, 4, 8, 12)
     assert ParseConfig(draft_budget=12, adaptive=True, adaptive_tiers=[2, 0]).tiers == (0, 2, 12)

@@ -149,7 +149,7 @@ def server_url(tiny_pair, tmp_path_factory, offline_example):
     command = [
         sys.executable, "-m", "sglang_cpu.launch_server", "--model-path", str(target),
         "--speculative-algorithm", "PARSE", "--speculative-draft-model-path", str(draft),
-        "--speculative-num-steps", str(NUM_STEPS), "--parse-config", '{"threshold": 0.5}',
+        "--speculative-num-steps", str(NUM_STEPS),
         "--device", "cpu", "--attention-backend", "torch_native", "--disable-cuda-graph", "--dtype", "float32",
         "--max-total-tokens", "8192",
     ]  # fmt: skip

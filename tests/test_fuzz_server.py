@@ -32,10 +32,9 @@ from concurrent.futures import ThreadPoolExecutor, wait
 
 import pytest
 import requests
-from conftest import hf_greedy
+from conftest import hf_greedy, probe_config
 from http_server import MEM_LINE, assert_memory_balanced, greedy, parse_server
 
-from parse_sglang.settings import ParseConfig
 
 pytestmark = pytest.mark.sglang
 
@@ -52,8 +51,8 @@ IN_VOCAB = f"allowed is [0, {VOCAB}) (the model's vocabulary)"
 
 
 SERVERS = {
-    "lossless": ParseConfig(draft_budget=4, judge=False),
-    "judged": ParseConfig(draft_budget=4, probe_stride=2, threshold=0.3),
+    "lossless": probe_config(draft_budget=4, judge=False),
+    "judged": probe_config(draft_budget=4, probe_stride=2, threshold=0.3),
 }
 
 

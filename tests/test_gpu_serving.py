@@ -28,8 +28,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import BATCH_PROMPTS
-from parse_sglang.settings import ParseConfig
+from conftest import BATCH_PROMPTS, probe_config
 from parse_sglang.settings import parse_engine_kwargs
 
 pytestmark = [
@@ -39,7 +38,7 @@ pytestmark = [
 
 MAX_NEW = 24
 GRAPH_BATCH_SIZES = [1, 2, 4, 8, 16]
-JUDGED = ParseConfig(draft_budget=6, probe_stride=2, threshold=0.3, verify_window="fixed")
+JUDGED = probe_config(draft_budget=6, probe_stride=2, threshold=0.3, verify_window="fixed")
 LOSSLESS = {"custom_params": {"parse": {"judge": False, "return_probe_scores": True}}}
 SCORES = {"custom_params": {"parse": {"return_probe_scores": True}}}
 BACKENDS = {"triton": "float32", "flashinfer": "float16"}

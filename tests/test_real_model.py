@@ -108,11 +108,11 @@ def test_draft_agreement_floor(hf, target_greedy):
 
 
 def test_reference_lossless_equals_target_greedy(hf, target_greedy):
-    from parse_sglang.settings import ParseConfig
+    from conftest import probe_config
     from support.reference import ParseGenerator
 
     tokenizer, target, draft, prompt_ids = hf
-    generator = ParseGenerator(target, draft, tokenizer, ParseConfig(draft_budget=4, judge=False))
+    generator = ParseGenerator(target, draft, tokenizer, probe_config(draft_budget=4, judge=False))
     for ids, expected in zip(prompt_ids, target_greedy):
         out, stats = generator.generate(ids, MAX_NEW)
         assert out == expected
@@ -149,13 +149,14 @@ def test_sglang_parse_lossless_equals_transformers(smollm2_dirs, hf, target_gree
     from conftest import assert_drafts_are_draft_greedy
 
     from parse_sglang.demo import engine_kwargs
-    from parse_sglang.settings import ParseConfig, parse_engine_kwargs
+    from conftest import probe_config
+    from parse_sglang.settings import parse_engine_kwargs
 
     outs = sglang_greedy(
         hf[3],
         {"custom_params": {"parse": {"return_probe_scores": True}}},
         **engine_kwargs(smollm2_dirs[0], torch.cuda.is_available()),
-        **parse_engine_kwargs(smollm2_dirs[1], ParseConfig(draft_budget=4, judge=False)),
+        **parse_engine_kwargs(smollm2_dirs[1], probe_config(draft_budget=4, judge=False)),
     )
     assert [out["output_ids"] for out in outs] == target_greedy
     tokens = sum(out["meta_info"]["completion_tokens"] for out in outs)

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import hf_greedy, sglang_engine
+from conftest import hf_greedy, sglang_engine, probe_config
 
 from parse_sglang import models
-from parse_sglang.settings import ParseConfig, parse_engine_kwargs
+from parse_sglang.settings import parse_engine_kwargs
 
 pytestmark = [pytest.mark.real_pair, pytest.mark.sglang]
 
@@ -61,7 +61,7 @@ def test_sglang_target_equals_transformers_greedy(pair, prompt_ids, target_only)
 
 
 def test_parse_lossless_equals_target_only(pair, prompt_ids, target_only):
-    config = ParseConfig(draft_budget=8, judge=False)
+    config = probe_config(draft_budget=8, judge=False)
     with sglang_engine(pair[0], **PAIR, **parse_engine_kwargs(pair[1], config)) as engine:
         outs = engine.generate(input_ids=prompt_ids, sampling_params={"max_new_tokens": MAX_NEW, "temperature": 0})
     assert [out["output_ids"] for out in outs] == target_only

@@ -9,7 +9,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from support import reference
-from parse_sglang.settings import ParseConfig
+from conftest import probe_config
 from support.reference import ParseGenerator, parallel_verify
 from support.tiny_models import build_model, build_pair
 
@@ -66,7 +66,7 @@ def _greedy(model, ids, n):
 
 def test_lossless_mode_equals_target_greedy(pair):
     tok, target, draft, _, _ = pair
-    gen = ParseGenerator(target, draft, tok, ParseConfig(judge=False, draft_budget=6))
+    gen = ParseGenerator(target, draft, tok, probe_config(judge=False, draft_budget=6))
     for prompt in PROMPTS:
         ids = tok(prompt)["input_ids"]
         out, stats = gen.generate(ids, 40)
@@ -91,7 +91,7 @@ def test_lossless_stops_at_eos_inside_an_accepted_draft(pair, tmp_path):
     old = target.generation_config.eos_token_id
     target.generation_config.eos_token_id = eos
     try:
-        out, stats = ParseGenerator(target, twin, tok, ParseConfig(judge=False, draft_budget=budget)).generate(ids, 30)
+        out, stats = ParseGenerator(target, twin, tok, probe_config(judge=False, draft_budget=budget)).generate(ids, 30)
         assert out == _greedy(target, ids, 30) == free[: pos + 1]
         assert stats.rounds == pos // (budget + 1) + 1
     finally:
@@ -102,14 +102,14 @@ def test_max_new_tokens_cuts_inside_a_round(pair):
     tok, target, draft, _, _ = pair
     ids = tok(PROMPTS[1])["input_ids"]
     for n in (1, 2, 7):
-        out, _ = ParseGenerator(target, draft, tok, ParseConfig(judge=False, draft_budget=5)).generate(ids, n)
+        out, _ = ParseGenerator(target, draft, tok, probe_config(judge=False, draft_budget=5)).generate(ids, n)
         assert out == _greedy(target, ids, n)
 
 
 def test_judge_with_tau_zero_accepts_whole_drafts(pair):
     tok, target, draft, _, _ = pair
     ids = tok(PROMPTS[0])["input_ids"]
-    out, stats = ParseGenerator(target, draft, tok, ParseConfig(threshold=0.0, draft_budget=8)).generate(ids, 40)
+    out, stats = ParseGenerator(target, draft, tok, probe_config(threshold=0.0, draft_budget=8)).generate(ids, 40)
     assert len(out) == 40
     assert stats.rounds == 5  # every round keeps all 8 draft tokens + 1 bonus token
     assert stats.accepted_judged > 0 and stats.accepted_exact + stats.accepted_judged == 40 - stats.rounds
@@ -118,7 +118,7 @@ def test_judge_with_tau_zero_accepts_whole_drafts(pair):
 def test_target_to_delimiter_after_rejection_keeps_greedy_output(pair):
     tok, target, draft, _, _ = pair
     # tau = 1 rejects every judged prefix, so every token is the target's own greedy one.
-    cfg = ParseConfig(threshold=1.0, draft_budget=6, probe_stride=2, after_rejection="target_to_delimiter")
+    cfg = probe_config(threshold=1.0, draft_budget=6, probe_stride=2, after_rejection="target_to_delimiter")
     ids = tok(PROMPTS[2])["input_ids"]
     out, stats = ParseGenerator(target, draft, tok, cfg).generate(ids, 30)
     assert out == _greedy(target, ids, 30)

@@ -17,13 +17,13 @@ import os
 import pytest
 import torch
 
-from conftest import BATCH_PROMPTS
+from conftest import BATCH_PROMPTS, probe_config
 from parse_sglang.settings import parse_engine_kwargs
 from parse_sglang.settings import ParseConfig
 from support.sync_counter import SyncCounter
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-JUDGED = ParseConfig(draft_budget=6, probe_stride=2, threshold=0.3)
+JUDGED = probe_config(draft_budget=6, probe_stride=2, threshold=0.3)
 MAX_NEW = 20
 
 
@@ -99,14 +99,14 @@ def test_tier0_round_plans_without_crossing(cpu_runtime):
     from parse_sglang.window_plan import RequestPolicy, plan_window
 
     constants = ShapeConstants(torch.device("cpu"))
-    policies = [RequestPolicy(ParseConfig(draft_budget=4), budget=4, judged=False, stop_ids=frozenset())] * 2
+    policies = [RequestPolicy(probe_config(draft_budget=4), budget=4, judged=False, stop_ids=frozenset())] * 2
 
     last_tokens, prefix_lens = torch.tensor([5, 6]), torch.tensor([3, 4])  # made outside a counter: device tensors
 
     def plan(length: int, counter: SyncCounter):
         drafts = torch.arange(2 * length, dtype=torch.int64).view(2, length)
         counter.mark_host(drafts)
-        return plan_window(drafts_host=drafts, last_tokens=last_tokens, prefix_lens=prefix_lens,
+        return plan_window(drafts_host=drafts, confidence_host=drafts.float(), last_tokens=last_tokens, prefix_lens=prefix_lens,
                            prefix_sum=7, policies=policies, texts=None, suffix_ids=None, fixed_probes=None,
                            constants=constants, mask_buffer=None)  # fmt: skip
 
@@ -136,7 +136,7 @@ def test_tier0_decode_steps_read_the_device_once_per_round(tiny_pair, engine_fac
     costs = tmp_path / "costs.json"
     costs.write_text(json.dumps({"draft": [{"bucket": 16, "L": L, "seconds": float(L)} for L in (0, 4)],
                                  "rest": [{"bucket": 16, "rows": r, "seconds": 1e-3} for r in (1, 5)]}))  # fmt: skip
-    config = ParseConfig(draft_budget=4, adaptive=True, adaptive_tiers=[0], cost_table=str(costs), judge=False)
+    config = probe_config(draft_budget=4, adaptive=True, adaptive_tiers=[0], cost_table=str(costs), judge=False)
     params = {"max_new_tokens": MAX_NEW, "temperature": 0.0}
     outs, records, totals = serve_probed(engine_factory, tiny_pair, config, params, tmp_path / "rounds.json")
     assert all(len(o["output_ids"]) == MAX_NEW for o in outs)

@@ -12,8 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import load_benchmark
-from parse_sglang.settings import ParseConfig
+from conftest import load_benchmark, probe_config
 
 pytestmark = pytest.mark.sglang
 
@@ -28,7 +27,7 @@ def semantic():
 @pytest.fixture(scope="module")
 def rows(semantic, cpu_runtime):
     work = semantic.synthetic_workload(NUM_PROBLEMS)
-    return {(row["mode"], row["threshold"]): row for row in semantic.run_rows(work, ParseConfig(), 96)}
+    return {(row["mode"], row["threshold"]): row for row in semantic.run_rows(work, probe_config(), 96)}
 
 
 def test_rows_and_lossless(rows, semantic):
@@ -38,7 +37,7 @@ def test_rows_and_lossless(rows, semantic):
     assert lossless["output_ids"] == target["output_ids"] and lossless["accuracy"] == target["accuracy"] >= 0.9
     assert rows["parse_adaptive", None]["output_ids"] == target["output_ids"]
     assert lossless["judged_share"] == 0 and target["tokens_per_target_forward"] == 1.0
-    L = ParseConfig().draft_budget
+    L = probe_config().draft_budget
     assert lossless["verify_rows_per_round"] == L + 1
     for mode, threshold in rows:
         if mode == "parse_likelihood":

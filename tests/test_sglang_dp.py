@@ -24,16 +24,16 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import requests
-from conftest import PROMPTS, hf_greedy, sglang_engine
+from conftest import PROMPTS, hf_greedy, sglang_engine, probe_config
 from http_server import MEM_LINE, assert_shutdown_leaves_no_process, greedy, parse_server
 from sglang_cpu import CPU_BIND_ENV
-from parse_sglang.settings import ParseConfig, parse_engine_kwargs
+from parse_sglang.settings import parse_engine_kwargs
 
 pytestmark = pytest.mark.sglang
 
 REPLICAS = 2
 TIMEOUT = 300  # seconds for one HTTP call: lenient, 2 cores serve both replicas
-CONFIG = ParseConfig(draft_budget=4, probe_stride=2, threshold=0.3, adaptive=True)
+CONFIG = probe_config(draft_budget=4, probe_stride=2, threshold=0.3, adaptive=True)
 WORDS = "the a model draft token answer step one two three add sum so then cat dog sun moon red".split()
 
 

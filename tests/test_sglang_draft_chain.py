@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import BATCH_PROMPTS, assert_drafts_are_draft_greedy
-from parse_sglang.settings import ParseConfig
+from conftest import BATCH_PROMPTS, assert_drafts_are_draft_greedy, probe_config
 from parse_sglang.settings import parse_engine_kwargs
 
 pytestmark = pytest.mark.sglang
@@ -24,7 +23,7 @@ LOSSLESS = {
 @pytest.fixture(scope="module", params=[1, 16])
 def chain_engine(request, tiny_pair, engine_factory):
     """An eager PARSE engine with draft budget L (the chain is L + 2 EAGLE steps)."""
-    config = ParseConfig(draft_budget=request.param, judge=False)
+    config = probe_config(draft_budget=request.param, judge=False)
     with engine_factory(tiny_pair[0], **parse_engine_kwargs(tiny_pair[1], config)) as engine:
         yield engine
 

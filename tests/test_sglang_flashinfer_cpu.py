@@ -33,11 +33,10 @@ import torch
 
 import parse_sglang
 import sglang_cpu
-from conftest import BATCH_PROMPTS, sglang_engine, standalone_kwargs, target_continuations
+from conftest import BATCH_PROMPTS, sglang_engine, standalone_kwargs, target_continuations, probe_config
 from parse_sglang.attention.layout import indptr_of
 from sglang_cpu.packbits import segment_packbits as ours_segment_packbits
 from sglang_cpu.paged import paged_prefill_attention
-from parse_sglang.settings import ParseConfig
 from sglang_cpu import flashinfer_ops as fi
 from sglang_cpu import triton_ops
 from parse_sglang.settings import parse_engine_kwargs
@@ -444,8 +443,8 @@ def test_standin_is_opt_in_and_reaches_children(tmp_path):
 
 MAX_NEW = 32
 GREEDY = {"max_new_tokens": MAX_NEW, "temperature": 0.0}
-LOSSLESS = ParseConfig(draft_budget=4, judge=False)
-JUDGED = ParseConfig(draft_budget=6, probe_stride=2, threshold=0.3)
+LOSSLESS = probe_config(draft_budget=4, judge=False)
+JUDGED = probe_config(draft_budget=6, probe_stride=2, threshold=0.3)
 
 
 def run_engine(model_path, requests, *, flashinfer: bool, trace_dir=None, **overrides):

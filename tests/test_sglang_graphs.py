@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import BATCH_PROMPTS, assert_drafts_are_draft_greedy, hf_greedy
+from conftest import BATCH_PROMPTS, assert_drafts_are_draft_greedy, hf_greedy, probe_config
 from parse_sglang.settings import ParseConfig
 from sglang_cpu import CPU_GRAPHS_ENV
 from parse_sglang.settings import parse_engine_kwargs
@@ -22,7 +22,7 @@ from parse_sglang.settings import parse_engine_kwargs
 pytestmark = pytest.mark.sglang
 
 MAX_NEW = 24
-JUDGED = ParseConfig(draft_budget=6, probe_stride=2, threshold=0.3)
+JUDGED = probe_config(draft_budget=6, probe_stride=2, threshold=0.3)
 GRAPH_BATCH_SIZES = [1, 2, 4, 8, 16]
 SCORES = {"custom_params": {"parse": {"return_probe_scores": True}}}
 LOSSLESS = {"custom_params": {"parse": {"judge": False, "return_probe_scores": True}}}
@@ -122,17 +122,17 @@ def test_graph_reservations_of_the_design_example():
                                  verify_widths=widths, draft_steps=tuple(L + 2 for L in config.chain_lengths),
                                  context_len=40960, vocab_size=151936)  # fmt: skip
 
-    r = reservations(ParseConfig(draft_budget=32, probe_stride=8), suffix_len=23)
+    r = reservations(probe_config(draft_budget=32, probe_stride=8), suffix_len=23)
     n_max_indices, chain_indices = 983_040_000, 259_522_560  # 48 x 125 (33) rows x 40,960 x 4 bytes
     assert r.verify_kv_indices == n_max_indices + chain_indices and round(r.verify_custom_mask / 1e6) == 247
     assert round(r.logits_unpruned / 1e9, 1) == 3.6 and round(r.logits / 1e9, 2) == 1.08
     assert r.total == 1_242_562_560 + 246_510_000 + 267_386_880 + 1_079_353_344
     assert f"{r.total / MIB:.0f} MiB" in r.describe()
-    lossless = reservations(ParseConfig(draft_budget=32, judge=False), suffix_len=0)  # one width: no probes
+    lossless = reservations(probe_config(draft_budget=32, judge=False), suffix_len=0)  # one width: no probes
     assert lossless.verify_kv_indices == chain_indices
     # Adaptive tiers 0/4/8/16/32: widths 1, 5+23, 5, 9+23, 9, 17+46, 17, 33 and 125; chains of 6..34
     # steps (tier 0 has none: its rounds skip the draft).
-    adaptive = reservations(ParseConfig(draft_budget=32, probe_stride=8, adaptive=True), suffix_len=23)
+    adaptive = reservations(probe_config(draft_budget=32, probe_stride=8, adaptive=True), suffix_len=23)
     assert adaptive.verify_kv_indices == 48 * (1 + 28 + 5 + 32 + 9 + 63 + 17 + 125 + 33) * 40960 * 4
     assert adaptive.draft_kv_indices == (6 + 10 + 18 + 34) * 48 * 40960 * 4
 

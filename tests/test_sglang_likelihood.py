@@ -13,8 +13,7 @@ import math
 
 import pytest
 
-from conftest import BATCH_PROMPTS, hf_greedy
-from parse_sglang.settings import ParseConfig
+from conftest import BATCH_PROMPTS, hf_greedy, probe_config
 from parse_sglang.settings import parse_engine_kwargs
 
 pytestmark = pytest.mark.sglang
@@ -22,7 +21,7 @@ pytestmark = pytest.mark.sglang
 MAX_NEW = 24
 # The tiny target gives the draft's tokens probabilities around 0.02-0.04 (vocabulary 400): λ = 0.02
 # accepts some boundary prefixes and rejects others.
-LIKELIHOOD = ParseConfig(draft_budget=6, probe_stride=2, judge_mode="likelihood", likelihood_threshold=0.02)
+LIKELIHOOD = probe_config(draft_budget=6, probe_stride=2, judge_mode="likelihood", likelihood_threshold=0.02)
 
 
 def params(**parse):

@@ -22,16 +22,15 @@ import re
 import pytest
 import torch
 
-from conftest import BATCH_PROMPTS, PROMPTS, engine_kwargs, target_continuations
-from parse_sglang.settings import ParseConfig
+from conftest import BATCH_PROMPTS, PROMPTS, engine_kwargs, target_continuations, probe_config
 from parse_sglang.settings import parse_engine_kwargs
 from parse_sglang.counters import COUNTERS
 
 pytestmark = pytest.mark.sglang
 
 MAX_NEW = 32
-LOSSLESS = ParseConfig(draft_budget=4, judge=False)
-JUDGED = ParseConfig(draft_budget=6, probe_stride=2, threshold=0.0)
+LOSSLESS = probe_config(draft_budget=4, judge=False)
+JUDGED = probe_config(draft_budget=6, probe_stride=2, threshold=0.0)
 
 
 def greedy(params, **extra):
@@ -268,7 +267,7 @@ def test_judge_scores_equal_reference(judged_engine, hf_target):
     from support.reference import parallel_verify
 
     tokenizer, target = hf_target
-    probe = build_judge_probe(tokenizer, ParseConfig().judge_question)
+    probe = build_judge_probe(tokenizer, probe_config().judge_question)
     prompts = BATCH_PROMPTS[:3]
     settings = {"threshold": 0.3, "return_probe_scores": True}
     outs = judged_engine.generate(prompts, greedy({"custom_params": {"parse": settings}}))
@@ -393,8 +392,14 @@ def test_bad_request_settings_are_refused_by_name(judged_engine):
             r"--speculative-adaptive=True: allowed is off \(EAGLE's\); PARSE's adaptive draft length is --parse-config",
         ),
         ({"speculative_accept_threshold_single": 0.5}, "judge threshold τ is --parse-config"),
-        ({"parse_config": {"tier0_steps": 2}}, r"--parse-config tier0_steps=2: allowed is unset unless \"adaptive\""),
-        ({"parse_config": {"cost_table": "c.json"}}, r"--parse-config cost_table='c.json': allowed is unset unless"),
+        (
+            {"parse_config": {"adaptive": False, "tier0_steps": 2}},
+            r"--parse-config tier0_steps=2: allowed is unset unless \"adaptive\"",
+        ),
+        (
+            {"parse_config": {"adaptive": False, "cost_table": "c.json"}},
+            r"--parse-config cost_table='c.json': allowed is unset unless",
+        ),
     ],
 )
 def test_startup_refuses_bad_settings_by_name(tiny_pair, cpu_runtime, settings, message):
@@ -478,12 +483,12 @@ def test_server_settings_are_parsed_once_per_process(monkeypatch):
 def test_request_settings_may_only_narrow_the_server_window():
     from parse_sglang.settings import request_parse_config
 
-    server = ParseConfig(draft_budget=8, probe_stride=4)
+    server = probe_config(draft_budget=8, probe_stride=4)
     assert request_parse_config(None, server) is server
     narrowed = request_parse_config({"parse": {"threshold": 0.9, "draft_budget": 5, "probe_stride": 6}}, server)
     assert (narrowed.threshold, narrowed.draft_budget, narrowed.probe_stride) == (0.9, 5, 6)
     with pytest.raises(ValueError, match=r"judge=true is invalid"):
-        request_parse_config({"parse": {"judge": True}}, ParseConfig(judge=False))
+        request_parse_config({"parse": {"judge": True}}, probe_config(judge=False))
     with pytest.raises(ValueError, match=r"\['delimiters'\] can only be set for the whole server"):
         request_parse_config({"parse": {"delimiters": ["\n"]}}, server)
 
@@ -491,7 +496,7 @@ def test_request_settings_may_only_narrow_the_server_window():
 def test_request_output_options_are_not_settings():
     from parse_sglang.settings import request_outputs, request_parse_config
 
-    server = ParseConfig(draft_budget=8, probe_stride=4)
+    server = probe_config(draft_budget=8, probe_stride=4)
     asked = {"parse": {"return_probe_scores": True, "threshold": 0.9}}
     assert request_outputs(asked) == {"return_probe_scores"}
     assert request_parse_config(asked, server) == dataclasses.replace(server, threshold=0.9)
@@ -510,11 +515,11 @@ def test_window_bound_holds_for_every_boundary_placement():
 
     rng = random.Random(0)
     for _ in range(300):
-        config = ParseConfig(draft_budget=rng.randint(1, 40), probe_stride=rng.randint(1, 10))
+        config = probe_config(draft_budget=rng.randint(1, 40), probe_stride=rng.randint(1, 10))
         texts = [rng.choice(["a", "b.", " c", "\n", "! ", "d"]) for _ in range(config.draft_budget)]
         bounds = select_boundaries(texts, config.probe_stride, config.delimiters)
         assert len(bounds) <= WindowGeometry(config, 40).max_probes()
-    geometry = WindowGeometry(ParseConfig(draft_budget=32, probe_stride=8), 40)
+    geometry = WindowGeometry(probe_config(draft_budget=32, probe_stride=8), 40)
     assert geometry.max_probes() == 4 and geometry.max_rows == 193
     assert geometry.rows(8, probes=True) == 1 + 8 + 1 * 40 and geometry.rows(8, probes=False) == 9
-    assert WindowGeometry(ParseConfig(draft_budget=32, judge=False), 40).max_rows == 33
+    assert WindowGeometry(probe_config(draft_budget=32, judge=False), 40).max_rows == 33

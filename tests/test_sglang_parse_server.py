@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import requests
-from conftest import hf_greedy
+from conftest import hf_greedy, probe_config
 from http_server import (
     MEM_LINE,
     Server,
@@ -30,7 +30,6 @@ from http_server import (
     greedy,
     parse_server,
 )
-from parse_sglang.settings import ParseConfig
 
 pytestmark = pytest.mark.sglang
 
@@ -48,7 +47,7 @@ def target_greedy(hf_target, prompt_ids: list[int], max_new: int) -> list[int]:
 @pytest.fixture(scope="module")
 def server(tiny_pair, tmp_path_factory):
     log_dir = tmp_path_factory.mktemp("parse_server")
-    with parse_server(tiny_pair, log_dir, ParseConfig(draft_budget=DRAFT_STEPS, judge=False),
+    with parse_server(tiny_pair, log_dir, probe_config(draft_budget=DRAFT_STEPS, judge=False),
                       max_running_requests=MAX_RUNNING) as srv:  # fmt: skip
         yield srv
 

@@ -31,16 +31,16 @@ from concurrent.futures import ThreadPoolExecutor
 import psutil
 import pytest
 import requests
-from conftest import hf_greedy
+from conftest import hf_greedy, probe_config
 from http_server import STRICT_MEM_CHECKS, greedy, launched_router, launched_server
 from sglang_cpu import CPU_BIND_ENV
-from parse_sglang.settings import ParseConfig, parse_engine_kwargs
+from parse_sglang.settings import parse_engine_kwargs
 from support.servers import free_port
 
 pytestmark = pytest.mark.sglang
 
 TIMEOUT = 300  # seconds for one HTTP call: lenient, 2 cores serve both servers
-CONFIG = ParseConfig(draft_budget=4, judge=False)  # a fixed L: every round drafts
+CONFIG = probe_config(draft_budget=4, judge=False)  # a fixed L: every round drafts
 FAKE_BOOTSTRAP_HOST = "2.2.2.2"  # sglang.srt.disaggregation.utils: SGLang's synthetic transfer
 MOONCAKE = {"disaggregation_transfer_backend": "mooncake"}
 # SGLang's default decode retraction backup ("host_pool") pins host memory with CUDA.

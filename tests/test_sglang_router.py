@@ -25,16 +25,16 @@ from concurrent.futures import ThreadPoolExecutor
 import psutil
 import pytest
 import requests
-from conftest import hf_greedy
+from conftest import hf_greedy, probe_config
 from http_server import STRICT_MEM_CHECKS, assert_memory_balanced, greedy, launched_router, launched_server
 from sglang_cpu import CPU_BIND_ENV
-from parse_sglang.settings import ParseConfig, parse_engine_kwargs
+from parse_sglang.settings import parse_engine_kwargs
 
 pytest.importorskip("sglang_router")
 pytestmark = pytest.mark.sglang
 
 TIMEOUT = 300  # seconds for one HTTP call: lenient, 2 cores serve both workers
-CONFIG = ParseConfig(draft_budget=4, judge=False, adaptive=True)  # lossless: per-request settings cannot pass
+CONFIG = probe_config(draft_budget=4, judge=False, adaptive=True)  # lossless: per-request settings cannot pass
 WORDS = "the a model draft token answer step one two three add sum so then cat dog sun moon red".split()
 
 

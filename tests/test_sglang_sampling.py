@@ -24,9 +24,8 @@ import math
 import pytest
 import torch
 
-from conftest import BATCH_PROMPTS, hf_greedy
+from conftest import BATCH_PROMPTS, hf_greedy, probe_config
 from parse_sglang.settings import parse_engine_kwargs
-from parse_sglang.settings import ParseConfig
 from support.tiny_models import build_pair
 
 pytestmark = pytest.mark.sglang
@@ -39,7 +38,7 @@ MIN_COUNT = 10
 SETTINGS = {"T=1": {"temperature": 1.0}, "T=0.7, top-p 0.9": {"temperature": 0.7, "top_p": 0.9}}
 # The server's judge is on, so sampled requests draft by sampling (draft_chain.py); lossless
 # requests turn it off per request, the biased control sets τ = 0 (accept every whole draft).
-SERVER = ParseConfig(draft_budget=4, probe_stride=2, threshold=0.5)
+SERVER = probe_config(draft_budget=4, probe_stride=2, threshold=0.5)
 LOSSLESS, BIASED = {"judge": False}, {"threshold": 0.0}
 RULES = ("target_only_rule", "rejection_rule")
 

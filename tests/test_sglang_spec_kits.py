@@ -21,7 +21,7 @@ import pytest
 import requests
 from http_server import parse_server
 
-from parse_sglang.settings import ParseConfig
+from conftest import probe_config
 
 pytestmark = pytest.mark.sglang
 
@@ -67,7 +67,7 @@ def kit_case(tiny_pair, cpu_runtime, tmp_path_factory):
     )
     with contextlib.ExitStack() as stack:
         server = stack.enter_context(
-            parse_server(tiny_pair, tmp_path_factory.mktemp("kits"), ParseConfig(draft_budget=4, judge=False))
+            parse_server(tiny_pair, tmp_path_factory.mktemp("kits"), probe_config(draft_budget=4, judge=False))
         )
         case = case_class()
         case.base_url, case.tokenizer = server.url, AutoTokenizer.from_pretrained(tiny_pair[0])

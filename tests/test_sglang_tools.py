@@ -35,7 +35,7 @@ import pytest
 import requests
 from http_server import clean_env, launched_server
 
-from parse_sglang.settings import ParseConfig
+from conftest import probe_config
 from parse_sglang.counters import COUNTERS, TOTALS
 from parse_sglang.settings import parse_engine_kwargs
 
@@ -43,7 +43,7 @@ pytestmark = pytest.mark.sglang
 
 REPO = Path(__file__).resolve().parents[1]
 PROMPTS_JSON = REPO / "benchmarks" / "prompts_sharegpt.json"
-CONFIG = ParseConfig(draft_budget=4, probe_stride=2, threshold=0.3)  # judge on: probes, judged tokens
+CONFIG = probe_config(draft_budget=4, probe_stride=2, threshold=0.3)  # judge on: probes, judged tokens
 NUM_PROMPTS, INPUT_LEN, OUTPUT_LEN = 4, 32, 24
 TIMEOUT = 400  # seconds for one tool run; other jobs may share this machine's two cores
 TOOL_ENV = {"SGLANG_USE_CPU_ENGINE": "1", "HF_HUB_OFFLINE": "1"}
@@ -93,7 +93,7 @@ def cpu_flags(target, draft) -> list[str]:
     return [
         "--model-path", str(target), "--speculative-algorithm", "PARSE",
         "--speculative-draft-model-path", str(draft), "--speculative-num-steps", str(CONFIG.draft_budget),
-        "--parse-config", json.dumps({"probe_stride": CONFIG.probe_stride, "threshold": CONFIG.threshold}),
+        "--parse-config", json.dumps(parse_engine_kwargs(draft, CONFIG)["parse_config"]),
         "--device", "cpu", "--attention-backend", "torch_native", "--disable-cuda-graph", "--dtype", "float32",
         "--max-total-tokens", "4096", "--mem-fraction-static", "0.5", "--decode-log-interval", "1",
     ]  # fmt: skip
@@ -134,7 +134,8 @@ def test_fresh_interpreter_resolves_parse_without_load_plugins(hook_python, tiny
     resolved = json.loads([line for line in out.splitlines() if line.startswith("{")][-1])
     assert resolved["algorithm"] == "PARSE"
     assert resolved["num_draft_tokens"] == CONFIG.draft_budget + 1  # ParseSpecAlgo.handle_server_args ran
-    assert json.loads(resolved["parse_config"]) == {"probe_stride": 2, "threshold": 0.3}
+    assert json.loads(resolved["parse_config"]) == parse_engine_kwargs(tiny_pair[1], CONFIG)["parse_config"]
+    assert json.loads(resolved["parse_config"])["threshold"] == 0.3
     assert resolved["plugins_loaded"] is False
     assert resolved["half_imported_targets"] == []  # nothing but server arguments was imported for PARSE
 

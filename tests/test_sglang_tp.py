@@ -28,7 +28,7 @@ import re
 import pytest
 import torch
 
-from conftest import PROMPTS, hf_greedy, sglang_engine
+from conftest import PROMPTS, hf_greedy, sglang_engine, probe_config
 from sglang_cpu import CPU_BIND_ENV
 from parse_sglang.settings import ParseConfig
 from parse_sglang.settings import parse_engine_kwargs
@@ -37,7 +37,7 @@ from parse_sglang.tp_sync import FAULT_ENV, TpSync, broadcast_packed
 # Eight prompts of different lengths, one concurrent batch.
 TP_PROMPTS = PROMPTS + ["A", "the cat and the dog and the sun and the moon", "Is the answer correct? Yes. Is it"]
 MAX_NEW = 24
-JUDGED = ParseConfig(draft_budget=6, probe_stride=2, threshold=0.3)
+JUDGED = probe_config(draft_budget=6, probe_stride=2, threshold=0.3)
 
 
 def greedy(parse: dict) -> dict:
@@ -127,12 +127,12 @@ class _Plan:
     """window_plan.ProbePlan's fields (that module imports SGLang's runtime)."""
 
     drafts: torch.Tensor
+    confidence: torch.Tensor
     draft_lens: torch.Tensor
     phase_limits: torch.Tensor
     judged: torch.Tensor
     probed: torch.Tensor
     likelihood: torch.Tensor
-    sampled: torch.Tensor
     thresholds: torch.Tensor
     likelihood_thresholds: torch.Tensor
     bounds: torch.Tensor
@@ -157,12 +157,12 @@ def _rank_main(rank: int, init_file: str, fault: str, results) -> None:
     sync = TpSync(_Group(2, rank, cpu_group=dist.group.WORLD, device_group=dist.group.WORLD))
     plan = _Plan(
         drafts=torch.tensor([[5, 6, 7], [8, 9, 10]]) + 10 * rank,
+        confidence=torch.tensor([[0.75, 0.5, 0.25], [0.125, 1.0, 0.0]]) / (rank + 1),
         draft_lens=torch.tensor([3, 2 - rank]),
         phase_limits=torch.tensor([3, 3 - rank]),
         judged=torch.tensor([True, rank == 0]),
         probed=torch.tensor([rank == 0, True]),
         likelihood=torch.tensor([False, rank == 1]),
-        sampled=torch.tensor([False, False]),
         thresholds=torch.tensor([0.3, 0.5 + rank]),
         likelihood_thresholds=torch.tensor([0.25, 0.5]),
         bounds=torch.tensor([[2, 3, 0], [2, 0, 0]]),
@@ -222,12 +222,12 @@ def test_every_rank_gets_rank0s_plan_and_decisions(tmp_path, fault):
         == plan0
         == {
             "drafts": (torch.int64, [[5, 6, 7], [8, 9, 10]]),
+            "confidence": (torch.float32, [[0.75, 0.5, 0.25], [0.125, 1.0, 0.0]]),
             "draft_lens": (torch.int64, [3, 2]),
             "phase_limits": (torch.int64, [3, 3]),
             "judged": (torch.bool, [True, True]),
             "probed": (torch.bool, [True, True]),
             "likelihood": (torch.bool, [False, False]),
-            "sampled": (torch.bool, [False, False]),
             "thresholds": (torch.float32, [0.30000001192092896, 0.5]),  # float32 bits travel exactly
             "likelihood_thresholds": (torch.float32, [0.25, 0.5]),
             "bounds": (torch.int64, [[2, 3, 0], [2, 0, 0]]),

@@ -12,10 +12,15 @@ from parse_sglang.settings import ParseConfig
 # ---- settings ---------------------------------------------------------------------------
 
 
-def test_config_defaults_round_trip():
+def test_config_defaults_are_the_measured_ones_and_round_trip():
+    """A server given no settings runs lossless with adaptive draft lengths up to L = 32; a judge a
+    user turns on is the likelihood judge at λ = 0.2 (docs/settings.md, "Why these defaults")."""
     cfg = ParseConfig()
     assert ParseConfig.from_dict(cfg.to_dict()) == cfg
-    assert cfg.judge is True and 0.0 <= cfg.threshold <= 1.0
+    assert (cfg.judge, cfg.adaptive, cfg.draft_budget, cfg.tiers) == (False, True, 32, (0, 4, 8, 16, 32))
+    assert (cfg.judge_mode, cfg.likelihood_threshold, cfg.threshold) == ("likelihood", 0.2, 0.9)
+    judged = ParseConfig(judge=True)
+    assert (judged.uses_probe, judged.uses_likelihood) == (False, True)
 
 
 @pytest.mark.parametrize(
@@ -152,7 +157,7 @@ def test_likelihood_scores_are_the_smallest_token_probability_up_to_each_boundar
     ],
 )
 def test_prefix_passes_by_judge_mode(mode, passed):
-    cfg = ParseConfig(judge_mode=mode, threshold=0.5, likelihood_threshold=0.7)
+    cfg = ParseConfig(judge=True, judge_mode=mode, threshold=0.5, likelihood_threshold=0.7)
     got = prefix_passes(
         torch.tensor([[0.9, 0.8, 0.1]]), torch.tensor([cfg.threshold]),
         torch.tensor([[0.9, 0.6, 0.3]]), torch.tensor([cfg.likelihood_threshold]),
@@ -180,7 +185,7 @@ def test_judge_mode_settings_are_checked():
         ParseConfig(judge_mode="vote")
     with pytest.raises(ValueError, match=r"likelihood_threshold=1.2 is invalid: allowed is a number in \[0, 1\]"):
         ParseConfig(likelihood_threshold=1.2)
-    likelihood = ParseConfig(judge_mode="likelihood")
+    likelihood = ParseConfig(judge=True, judge_mode="likelihood")
     assert (likelihood.uses_probe, likelihood.uses_likelihood) == (False, True)
     assert not ParseConfig(judge=False, judge_mode="both").uses_likelihood
 
@@ -189,14 +194,19 @@ def test_likelihood_server_has_no_probe_rows_and_refuses_probe_requests():
     from parse_sglang.attention.window import WindowGeometry
     from parse_sglang.settings import request_parse_config
 
-    server = ParseConfig(draft_budget=16, judge_mode="likelihood")
+    server = ParseConfig(draft_budget=16, judge=True, judge_mode="likelihood")
     geometry = WindowGeometry(server, suffix_len=23)
     assert geometry.max_probes() == 0 and geometry.max_rows == 17  # L + 1 rows
     ok = request_parse_config({"parse": {"likelihood_threshold": 0.8, "probe_stride": 2}}, server)
     assert ok.likelihood_threshold == 0.8 and ok.probe_stride == 2  # boundaries only: no probe rows needed
     with pytest.raises(ValueError, match=r"judge_mode='both' is invalid: the server's verify window has no probe rows"):
         request_parse_config({"parse": {"judge_mode": "both"}}, server)
-    assert request_parse_config({"parse": {"judge_mode": "likelihood"}}, ParseConfig()).uses_probe is False
+    assert (
+        request_parse_config(
+            {"parse": {"judge_mode": "likelihood"}}, ParseConfig(judge=True, judge_mode="probe")
+        ).uses_probe
+        is False
+    )
 
 
 def test_a_pd_decode_server_refuses_prefill_servers_with_another_draft():

@@ -84,7 +84,7 @@ def test_round_metadata_cost_does_not_grow_with_context(tmp_path, cpu_runtime):
     host-to-device bytes and device bytes per round are the same at contexts 1k, 8k and 32k
     (O(batch x window); the FULL mask is written into a buffer reserved once). The same count
     on the host-built reference layout grows with the context, so the count can tell."""
-    from parse_sglang.settings import ParseConfig
+    from conftest import probe_config
     from parse_sglang.window_plan import RequestPolicy
     from support.offline_round import OfflineRound
     from support.tiny_models import build_tokenizer
@@ -92,7 +92,7 @@ def test_round_metadata_cost_does_not_grow_with_context(tmp_path, cpu_runtime):
     tokenizer = build_tokenizer(tmp_path)
     torch.manual_seed(0)
     drafts_host = torch.randint(0, len(tokenizer), (BATCH, DRAFT))
-    policy = RequestPolicy(ParseConfig(draft_budget=DRAFT, probe_stride=STRIDE), DRAFT, True, frozenset())
+    policy = RequestPolicy(probe_config(draft_budget=DRAFT, probe_stride=STRIDE), DRAFT, True, frozenset())
     rows = 1 + DRAFT + 4 * SUFFIX
     planner = OfflineRound(tokenizer, policy, BATCH, SUFFIX, rows, max(CONTEXTS), "meta")
     planner.plan(drafts_host, CONTEXTS[0], fixed_probes=DRAFT // STRIDE)  # per-shape constants, made once
