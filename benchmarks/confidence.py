@@ -36,6 +36,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import torch  # noqa: E402
+
 from parse_sglang.adaptive import CONFIDENCE_BINS, Acceptance, Calibration, PooledAcceptance  # noqa: E402
 from parse_sglang.settings import ParseConfig, parse_engine_kwargs  # noqa: E402
 
@@ -96,7 +98,8 @@ def predictions(requests: list[list[dict]], longest: int) -> list[tuple[int, flo
             for c in conf:
                 alive *= c
                 product += alive
-            out.append((r["accepted"], own[i].expected(drafted, pooled), product, calib.expected(conf)[-1]))
+            calibrated = float(calib.expected(torch.tensor([conf], dtype=torch.float64))[0, -1]) if conf else 0.0
+            out.append((r["accepted"], own[i].expected(drafted, pooled), product, calibrated))
             if drafted:
                 own[i].observe(drafted, r["accepted"])
                 pooled.observe(drafted, r["accepted"])

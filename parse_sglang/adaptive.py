@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional, Sequence
 
+import torch
+
 from parse_sglang.draft_length import DraftLengthPolicy
 from parse_sglang.request_state import state_of
 
@@ -212,18 +214,24 @@ class Calibration:
             self.reached[b] = CONFIDENCE_DECAY * self.reached[b] + 1.0
             self.kept[b] = CONFIDENCE_DECAY * self.kept[b] + float(j < accepted)
 
-    def keep_rate(self, confidence: float) -> float:
-        b = self.bin(confidence)
-        return (self.kept[b] + (b + 0.5) / CONFIDENCE_BINS) / (self.reached[b] + 1.0)
+    def keep_rates(self) -> torch.Tensor:
+        """[CONFIDENCE_BINS] each bucket's keep rate."""
+        reached, kept = torch.tensor(self.reached), torch.tensor(self.kept)
+        midpoints = (torch.arange(CONFIDENCE_BINS) + 0.5) / CONFIDENCE_BINS
+        return (kept + midpoints) / (reached + 1.0)
 
-    def expected(self, confidence: Sequence[float]) -> list[float]:
-        """[E[kept | length] for length = 0 .. len(confidence)]: sums of the survival S(j), the
-        product of the calibrated keep rates up to j."""
-        sums, alive = [0.0], 1.0
-        for c in confidence:
-            alive *= self.keep_rate(c)
-            sums.append(sums[-1] + alive)
-        return sums
+    def keep_rate(self, confidence: float) -> float:
+        return float(self.keep_rates()[self.bin(confidence)])
+
+    def expected(self, confidence: torch.Tensor, budgets: Optional[Sequence[int]] = None) -> torch.Tensor:
+        """[bs, L + 1] E[kept | length] for length = 0 .. L, confidence [bs, L] on the host: sums
+        of the survival S(j), the product of the calibrated keep rates up to j, a request's
+        positions past its budget (budgets [bs]) kept by none."""
+        bins = (confidence.double() * CONFIDENCE_BINS).long().clamp(0, CONFIDENCE_BINS - 1)  # as `bin` does
+        alive = self.keep_rates()[bins].cumprod(dim=1)  # [bs, L]
+        if budgets is not None:
+            alive = alive * (torch.arange(confidence.shape[1]) < torch.tensor(budgets)[:, None])
+        return torch.nn.functional.pad(alive.cumsum(dim=1), (1, 0))
 
 
 @dataclass
@@ -240,8 +248,9 @@ class Acceptance:
         S(j) the product of the keep rates up to j (made once per change of either curve). A
         position beyond the furthest this request has reached keeps at least the rate of the one
         before it: rounds that kept all they drafted say nothing of what lies beyond, and the
-        pooled rate there (other requests' text) had kept such a request at a short tier (on the
-        synthetic pair, batch 1 at L = 8 where L = 32 kept 31.5 of 32)."""
+        pooled rate there (other requests' text) kept such a request at a short tier (one cause
+        of the synthetic pair's batch 1 at L = 8 where L = 32 keeps 31.5 of 32; the benchmark
+        still shows L = 8 there: its requests end before their own rounds outweigh the prior)."""
         if self._version != pooled.version:
             sums, alive, rate = [0.0], 1.0, 0.0
             for j, prior in enumerate(pooled.keep_rates()):
@@ -286,7 +295,7 @@ class PooledAcceptance:
     def observe(self, drafted: int, accepted: int) -> None:
         """The whole curve ages by POOLED_DECAY per request-round, positions this round did not
         reach included: otherwise a failure seen further out than the rounds now reach never
-        ages, and prices the longer tiers out for good (the batch-1 lock-in at L = 8)."""
+        ages, and prices the longer tiers out for good (one cause of the batch-1 lock-in at L = 8)."""
         self.survival.fade(POOLED_DECAY)
         self.survival.observe(drafted, accepted)
         self.version += 1
@@ -345,14 +354,13 @@ class AdaptiveDraftLength(DraftLengthPolicy):
         shorter = [t for t in self.tiers if 0 < t < drafted]
         if not shorter or sum(self.calibration.reached) < CALIBRATED or any(p.judged for p in policies):
             return drafted  # a judge keeps text the draft was unsure of: confidence does not predict it
-        rows = confidence.tolist()
-        sums = [self.calibration.expected(row[: p.budget]) for row, p in zip(rows, policies)]
+        tokens = bs + self.calibration.expected(confidence, [p.budget for p in policies]).sum(dim=0)  # [L + 1]
         best, best_rate = drafted, 0.0
         for length in [drafted, *reversed(shorter)]:  # ties: the longer
             cost = self.costs.cost(bs, drafted, rows_of(length))
             if cost is None or cost <= 0:
                 return drafted
-            rate = sum(1 + s[min(length, len(s) - 1)] for s in sums) / cost
+            rate = float(tokens[length]) / cost
             if rate > best_rate:
                 best, best_rate = length, rate
         return best

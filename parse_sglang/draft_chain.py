@@ -195,8 +195,9 @@ class DraftChain(StandaloneDraftWorker):
 
         def forward(batch, *args, **kwargs):
             out = own(batch, *args, **kwargs) if own else type(runner).forward(runner, batch, *args, **kwargs)
-            logits = out.logits_output.next_token_logits  # [bs, V]
-            buffer[: logits.shape[0], next(steps)] = torch.softmax(logits.float(), dim=-1).amax(dim=-1)
+            logits = out.logits_output.next_token_logits.float()  # [bs, V]
+            # the top-1 probability as max - logsumexp: no [bs, V] softmax per step
+            buffer[: logits.shape[0], next(steps)] = torch.exp(logits.amax(dim=-1) - torch.logsumexp(logits, dim=-1))
             return out
 
         runner.forward = forward
