@@ -23,7 +23,8 @@ has its own chain of L + 2 steps, with its own multi-step attention backend, top
 buffers and graphs (`ChainTier`, all kept: a captured graph reads its buffers at their
 addresses), and `draft(..., length)` runs the tier's. Tier 0 (plain decode steps) has no
 chain: the draft idles (`idle` counts the tokens it missed) and is extended over them when
-drafting resumes (`catch_up`, one draft extend).
+drafting resumes (`catch_up`, draft extends); so is a request whose prefill the worker deferred
+(`prefill(..., defer=True)`: the whole sequence).
 
 Each drafted token's confidence, the draft's top-1 probability at its step (softmax of the
 step's logits, at temperature 1), is written on the device by the chain itself
@@ -160,8 +161,14 @@ class DraftChain(StandaloneDraftWorker):
                 tier.graphs = EAGLEDraftCudaGraphRunner(self, speculative_num_steps=tier.steps)
         logger.info("PARSE draft chains captured as CUDA graphs, draft lengths %s", sorted(self.tiers))
 
-    def prefill(self, batch: ScheduleBatch) -> None:
-        """The draft's forward over a prefill batch (the target's slots: un-shifted KV)."""
+    def prefill(self, batch: ScheduleBatch, defer: bool) -> None:
+        """The draft's forward over a prefill batch (the target's slots: un-shifted KV); with
+        `defer`, none: each request's draft then misses its whole sequence, which the first round
+        that drafts extends (`catch_up`), a request that never drafts never paying for it."""
+        if defer:
+            for req, length in zip(batch.reqs, batch.seq_lens_cpu.tolist()):
+                state_of(req).draft_behind = length  # positions 0 .. P-1 (a later chunk's P covers the earlier)
+            return
         self._extend(batch)
         for req in batch.reqs:
             state_of(req).draft_behind = 0  # a prefill (or a retracted request's re-prefill) covers every token
@@ -220,36 +227,57 @@ class DraftChain(StandaloneDraftWorker):
         return buffer
 
     def catch_up(self, batch: ScheduleBatch, rows: torch.Tensor) -> None:
-        """One draft extend over the committed tokens whose draft KV tier-0 rounds skipped (the
-        last `draft_behind` (`req.parse`) before c_n; at least one per request, so that every request
-        extends: rewriting a token's draft KV is harmless). Only a round that resumes drafting
-        pays it, like a small prefill (its tokens and slots in one host-to-device copy, and the
-        extend metadata SGLang builds). batch.seq_lens_cpu: the committed lengths P."""
+        """Draft extends over the committed tokens whose draft KV is missing: the last
+        `draft_behind` (`req.parse`) before c_n, skipped by tier-0 rounds or a deferred prefill.
+        Only a round that resumes drafting pays it, like a prefill: each extend has every request
+        (its next piece of at most `piece` tokens, or its last token again: rewriting a token's
+        draft KV over a context that has it is harmless), its tokens and lengths in one
+        host-to-device copy. batch.seq_lens_cpu: the committed lengths P."""
         behind = [state_of(req).draft_behind for req in batch.reqs]
         if not any(behind):
             return
         ends = batch.seq_lens_cpu.tolist()  # a host tensor
-        lens = [max(b, 1) for b in behind]
+        starts = [end - max(b, 1) for end, b in zip(ends, behind)]
+        chunk = get_schedule().chunked_prefill_size or 0
+        # a catch-up over whole prompts is a prefill: bounded like SGLang's chunked prefill
+        piece = max(chunk // len(ends), 16) if chunk > 0 else max(ends)
+        while True:
+            pieces = [(s, min(s + piece, e)) if s < e else (e - 1, e) for s, e in zip(starts, ends)]
+            self._extend_pieces(batch, rows, pieces)
+            starts = [s + piece for s in starts]
+            if all(s >= e for s, e in zip(starts, ends)):
+                break
+        for req in batch.reqs:
+            state_of(req).draft_behind = 0
+
+    def _extend_pieces(self, batch: ScheduleBatch, rows: torch.Tensor, pieces) -> None:
+        """One draft extend: request i over positions [start_i, end_i) of `pieces`."""
         tokens, positions, owners = [], [], []
-        for i, (req, end, n) in enumerate(zip(batch.reqs, ends, lens)):
+        for i, (req, (start, end)) in enumerate(zip(batch.reqs, pieces)):
             filled = req.origin_input_ids + req.output_ids  # P + 1 tokens, the last is c_n
-            tokens += filled[len(filled) - 1 - n : len(filled) - 1]
-            positions += range(end - n, end)
-            owners += [i] * n
-        tokens, positions, owners = torch.tensor([tokens, positions, owners], dtype=torch.int64).to(self.device)
+            tokens += filled[start:end]
+            positions += range(start, end)
+            owners += [i] * (end - start)
+        lens = [end - start for start, end in pieces]
+        ends = [end for _, end in pieces]
+        packed = torch.tensor(tokens + positions + owners + ends, dtype=torch.int64).to(self.device)
+        n = len(tokens)
+        tokens, positions, owners, seq_lens = packed[:n], packed[n : 2 * n], packed[2 * n : 3 * n], packed[3 * n :]
         extend = copy.copy(batch)
         extend.forward_mode = ForwardMode.EXTEND
         extend.input_ids = tokens
         extend.out_cache_loc = self.req_to_token_pool.req_to_token[rows[owners], positions].to(torch.int64)
-        extend.prefix_lens = [end - n for end, n in zip(ends, lens)]
+        extend.seq_lens = seq_lens
+        extend.seq_lens_cpu = torch.tensor(ends, dtype=batch.seq_lens_cpu.dtype)
+        extend.seq_lens_sum = sum(ends)
+        extend.orig_seq_lens = None if batch.orig_seq_lens is None else seq_lens.to(batch.orig_seq_lens.dtype)
+        extend.prefix_lens = [start for start, _ in pieces]
         extend.extend_lens = lens
-        extend.extend_num_tokens = sum(lens)
+        extend.extend_num_tokens = n
         extend.extend_logprob_start_lens = list(lens)
         extend.return_logprob = False
         extend.spec_info = None
         self._extend(extend)
-        for req in batch.reqs:
-            state_of(req).draft_behind = 0
 
     def _extend(self, batch: ScheduleBatch) -> None:
         """The draft model's forward over an extend batch (its runner's own attention backend)."""

@@ -16,8 +16,9 @@ Conventions this worker keeps with SGLang's scheduler (sync V2 schema, no overla
   KV of token p. Its L+1 decode steps per round (inputs c_n, d_1..d_L) run as SGLang's
   EAGLE topk=1 chain (`draft_chain.DraftChain`: one CUDA-graph replay on a GPU), so its KV
   exists for every slot that can become committed and no draft re-extend is needed; only an
-  adaptive server's tier-0 rounds skip the draft, and the round that drafts again first
-  extends the draft over the tokens they committed (`DraftChain.catch_up`).
+  adaptive server's tier-0 rounds and deferred prefills (`_defers_draft`) skip the draft, and
+  the round that drafts again first extends the draft over what they committed
+  (`DraftChain.catch_up`).
 - Host and device meet three times a round (docs/gpu.md §9): the drafts come to the host (their
   text places the boundaries) packed with their confidences (where an adaptive server's verify
   stops), the round's plan goes to the device as one packed tensor (`window_plan`), and after
@@ -127,6 +128,7 @@ class ParseWorker(BaseSpecWorker):
         )
         self.totals = ServerTotals()  # get_server_info()'s "parse" entry
         self.tp = TpSync.of_tp_group()  # rank 0's plan and decisions on every TP rank
+        self._drafting = False  # the last round drafted (`_defers_draft`)
         logger.info(
             "PARSE worker: L=%d, probe_stride=%d, judge=%s, threshold=%.3f, probe suffix m=%d, N_max=%d, window=%s",
             self.config.draft_budget,
@@ -171,8 +173,9 @@ class ParseWorker(BaseSpecWorker):
         )
         longest = max(self.config.tier0_steps if p.left is None else p.left for p in policies)
         steps = 1 if stepwise else max(min(self.config.tier0_steps, self.config.draft_budget + 1, longest), 1)
-        length = self.draft_length.choose(batch.reqs, policies, self._rows_of(policies), steps)
-        return self._shared(length), steps
+        length = self._shared(self.draft_length.choose(batch.reqs, policies, self._rows_of(policies), steps))
+        self._drafting = length > 0  # what the next prefill defers by (the same on every TP rank)
+        return length, steps
 
     def _rows_of(self, policies):
         """L -> the verify rows per request of this batch at draft length L."""
@@ -309,12 +312,25 @@ class ParseWorker(BaseSpecWorker):
 
     def _prefill(self, batch: ScheduleBatch) -> GenerationBatchResult:
         """Target prefill (samples the first token, the first round's c_n), then the draft
-        over the same slots."""
+        over the same slots, or not yet (`_defers_draft`)."""
         result = self.target_worker.forward_batch_generation(batch)
-        self._draft_worker.prefill(batch)
+        self._draft_worker.prefill(batch, defer=self._defers_draft(batch))
         result.new_seq_lens = batch.seq_lens
         result.next_draft_input = next_round_input(result.next_token_ids)
         return result
+
+    def _defers_draft(self, batch: ScheduleBatch) -> bool:
+        """Whether the draft skips this prefill, its first drafting round extending it over the
+        whole sequence instead (`DraftChain.catch_up`); on an adaptive server only, not a PD
+        prefill server's (its decode server reads the draft KV it transfers):
+        - while the last round ran tier 0: the draft may never be needed (a draft costing 0.9 of
+          its target held SmolLM2's default server at 0.86x target-only by its prefills alone);
+        - where a request reuses cached slots: tier-0 rounds and deferred prefills commit tokens
+          without draft KV, and a radix hit on them would feed the draft another request's
+          missing KV (drafts wrong, output still the target's)."""
+        if not self.config.adaptive or self.server_args.disaggregation_mode == "prefill":
+            return False
+        return not self._drafting or any(batch.prefix_lens)
 
     def _fixed_window(self) -> bool:
         """K_max probes every round a request probes: "fixed", or "auto" when the target's

@@ -11,7 +11,7 @@ import shutil
 
 import pytest
 
-from conftest import BATCH_PROMPTS, target_continuations, probe_config
+from conftest import BATCH_PROMPTS, assert_drafts_are_draft_greedy, probe_config, target_continuations
 from parse_sglang.adaptive import EXPLORE_SAMPLES, PROBE_OVERHEAD, CostTable, bucket
 from parse_sglang.settings import parse_engine_kwargs
 from parse_sglang.profile_cost import main as profile_cost_main
@@ -153,6 +153,46 @@ def test_identical_draft_runs_the_longest_tier(tiny_pair, drafts, pinned_costs, 
             done += r["accepted"] + 1
         assert per_round.count(8) * 8 >= 0.6 * sum(per_round), per_round  # most draft tokens: the longest tier
     assert totals["mean_draft_length"] > 0.5
+
+
+def test_deferred_draft_prefill_and_reused_slots(tiny_pair, drafts, pinned_costs, engine_factory, hf_target):
+    """The pinned costs start at tier 0: a first turn of short requests runs tier 0 only, so
+    neither their prompts (deferred prefills) nor their outputs have draft KV. A long driver then
+    brings the server to drafting, and while it drafts a second turn arrives, each prompt its first
+    turn's prompt and output: a radix hit on those slots. Its prefill must defer too: its first
+    drafting round extends the draft over the whole context, in pieces (chunked_prefill_size 32:
+    at most 16 tokens of each request per extend). Checked: every round's draft is the draft's
+    own greedy continuation (the identical draft's: the target's)."""
+    tokenizer, target = hf_target
+    first_ids = [tokenizer(p).input_ids for p in BATCH_PROMPTS]
+    short = {"max_new_tokens": 5, "temperature": 0.0, "custom_params": SCORES}
+    long = {"max_new_tokens": 400, "temperature": 0.0, "ignore_eos": True}
+    config = adaptive(pinned_costs)
+    with engine_factory(
+        tiny_pair[0], chunked_prefill_size=32, **parse_engine_kwargs(drafts["identical"], config)
+    ) as engine:
+        first = engine.generate(input_ids=first_ids, sampling_params=short)
+        second_ids = [ids + out["output_ids"] for ids, out in zip(first_ids, first)]
+
+        async def second_turn_while_drafting():
+            driver = await engine.async_generate(input_ids=tokenizer("Once upon").input_ids, sampling_params=long,
+                                                 stream=True)  # fmt: skip
+            async for chunk in driver:
+                if chunk["meta_info"]["completion_tokens"] >= 150:  # drafting at L = 8 by now
+                    break
+            turn = {**short, "max_new_tokens": 24}
+            second = await engine.async_generate(input_ids=second_ids, sampling_params=turn)
+            async for _ in driver:
+                pass
+            return second
+
+        second = engine.loop.run_until_complete(second_turn_while_drafting())
+    rounds = [[r["length"] for r in out["meta_info"]["parse"]["probe_scores"]] for out in first]
+    assert all(not any(per_round) for per_round in rounds), rounds  # tier 0 only: no draft KV written
+    rounds = [[r["length"] for r in out["meta_info"]["parse"]["probe_scores"]] for out in second]
+    assert all(per_round[0] > 0 for per_round in rounds), rounds  # drafting from their first round
+    assert sum(out["meta_info"]["cached_tokens"] for out in second) >= sum(len(ids) for ids in first_ids)
+    assert_drafts_are_draft_greedy(second, second_ids, target)
 
 
 def test_profile_cost_writes_a_table_a_server_loads(tiny_pair, cpu_runtime, tmp_path, capsys):
