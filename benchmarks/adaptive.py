@@ -1,7 +1,7 @@
 """Adaptive draft length and the package's defaults against every fixed L and the target alone, per pair and batch.
 
     python benchmarks/adaptive.py [--pairs useless synthetic smollm2] [--steps 4 8 16 32]
-        [--batches 1 8 32] [--modes target_only target_only_sync fixed adaptive default]
+        [--batches 1 8 32] [--modes target_only target_only_sync fixed adaptive default eagle3]
         [--open-loop] [--seed 0] [--max-new-tokens 64] [--warm-up-runs 3] [--repeats 3]
         [--likelihood-threshold 0.05] [--json]
 
@@ -23,6 +23,11 @@ the 2-core CPU the tiny pairs' 7 engines before `default` took ~13 GB, SmolLM2's
                they judge, its rows are not lossless: equal_to_target_only is null and
                outputs_equal says how many outputs still equal target-only's). `parse_config`
                records the ParseConfig those defaults resolve to.
+  eagle3       SGLang's own EAGLE3 (no PARSE) with the synthetic target's distilled EAGLE-3 head
+               (support/eagle3_head.py, built once in the model cache), topk 1, --eagle3-steps
+               head steps per round: the token-level speculator a PARSE + EAGLE-3 composition
+               runs inside the target's own stretches. Pairs with the synthetic target only
+               (useless, synthetic; the draft is not used); other pairs run without it.
 PAIRS
   useless      the synthetic pair's target and a draft of its draft's shape with random weights
                (built once in the model cache): exact match almost never holds; lossless (judge
@@ -107,7 +112,8 @@ from parse_sglang.settings import server_parse_config  # noqa: E402
 from support.servers import launch, stop, wait_healthy  # noqa: E402
 
 PAIRS = ("useless", "synthetic", "smollm2")
-MODES = ("target_only", "target_only_sync", "fixed", "adaptive", "default")
+MODES = ("target_only", "target_only_sync", "fixed", "adaptive", "default", "eagle3")
+HEADED = {"useless", "synthetic"}  # pairs whose target has a distilled EAGLE-3 head (mode eagle3)
 PICKED = ("adaptive", "default")  # engines that pick their own L: compared with the best fixed one
 JUDGED = {"synthetic"}  # pairs whose fixed and adaptive engines judge; the others lossless
 RATIOS = ("ratio_to_target_only", "ratio_to_best_fixed", "ratio_to_target_only_sync")
@@ -217,6 +223,14 @@ def engines(args, pair: gpu_serving.Pair) -> list[gpu_serving.EngineSpec]:
             settings = parse_engine_kwargs(pair.draft, config)
         row = gpu_serving.RowSpec(mode, L)
         plan.append(gpu_serving.EngineSpec(name, settings, [row], config.draft_budget, config, graphs=False))
+    if "eagle3" in modes and pair.name in HEADED:
+        from support import eagle3_head
+
+        head = eagle3_head.build(args.cache_dir, log=lambda line: None)
+        settings = dict(speculative_algorithm="EAGLE3", speculative_draft_model_path=str(head), speculative_eagle_topk=1,
+                        speculative_num_steps=args.eagle3_steps, speculative_num_draft_tokens=args.eagle3_steps + 1)  # fmt: skip
+        plan.append(gpu_serving.EngineSpec(f"EAGLE3 k={args.eagle3_steps}", settings,
+                                           [gpu_serving.RowSpec("eagle3", None)], graphs=False))  # fmt: skip
     return plan
 
 
@@ -480,6 +494,7 @@ def parse_args(argv=None):
         help="each batch B also as an open loop: max(2B, 8) requests arriving at a seeded Poisson rate",
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of the open loop's arrival schedules")
+    parser.add_argument("--eagle3-steps", type=int, default=3, help="head steps per EAGLE3 round (mode eagle3)")
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument(
         "--warm-up-runs", type=int, default=3, help="full untimed runs of each batch per engine before it is timed"
@@ -514,6 +529,7 @@ def parse_args(argv=None):
         ("warm-up-runs", [args.warm_up_runs], 0, 100),
         ("repeats", [args.repeats], 1, 100),
         ("max-new-tokens", [args.max_new_tokens], 2, 1 << 20),
+        ("eagle3-steps", [args.eagle3_steps], 1, 32),
     ):
         for value in values:
             if not low <= value <= high:

@@ -584,7 +584,7 @@ def summarize(engine, pair: Pair, spec: EngineSpec, row: RowSpec, batch: int, ca
     judged = sum((m.get("parse") or {}).get("accepted_judged", 0) for m in metas)
     if spec.config is not None:
         rounds, request_rounds = delta["verify_passes"], sum((m.get("parse") or {}).get("rounds", 0) for m in metas)
-    elif row.mode == "standalone":
+    elif spec.settings.get("speculative_algorithm"):  # SGLang's own speculation (STANDALONE, EAGLE3): its verify counts
         counts = [m.get("spec_verify_ct", 0) for m in metas]
         rounds, request_rounds = max(counts), sum(counts)
     else:  # decode steps: the longest request's, where all of them started together

@@ -666,14 +666,14 @@ def step_results(problem: Problem, output_text: str) -> list[bool]:
     return results
 
 
-def greedy_outputs(
+def greedy_ids(
     model, enc: Encoder, items: Sequence[Problem], max_new_tokens: int = 96, batch: int = 64
-) -> list[str]:
-    """Greedy solutions (text, special tokens dropped) of `items`, batched with left padding."""
+) -> list[list[int]]:
+    """Greedy solution token ids of `items` (up to and with EOS), batched with left padding."""
     import torch
 
     pad = enc.tokenizer.convert_tokens_to_ids(PAD_TOKEN)
-    texts = []
+    solutions = []
     for start in range(0, len(items), batch):
         prompts = [enc.prompt_ids(p) for p in items[start : start + batch]]
         width = max(map(len, prompts))
@@ -688,8 +688,16 @@ def greedy_outputs(
                 eos_token_id=enc.eos_id,
                 pad_token_id=pad,
             )
-        texts += enc.tokenizer.batch_decode(out[:, width:], skip_special_tokens=True)
-    return texts
+        for generated in out[:, width:].tolist():
+            solutions.append(generated[: generated.index(enc.eos_id) + 1] if enc.eos_id in generated else generated)
+    return solutions
+
+
+def greedy_outputs(
+    model, enc: Encoder, items: Sequence[Problem], max_new_tokens: int = 96, batch: int = 64
+) -> list[str]:
+    """Greedy solutions (text, special tokens dropped) of `items`."""
+    return enc.tokenizer.batch_decode(greedy_ids(model, enc, items, max_new_tokens, batch), skip_special_tokens=True)
 
 
 def roc_auc(scores: Sequence[float], labels: Sequence[bool]) -> float:

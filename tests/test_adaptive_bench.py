@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import statistics
 import threading
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -28,8 +29,9 @@ def pair(name="useless", prompts=20):
 
 
 def bench_args(**overrides):
-    args = dict(modes=list(bench.MODES), steps=[4, 8], likelihood_threshold=0.05, batches=[1, 8], open_loop=True,
-                seed=0, max_new_tokens=4)  # fmt: skip
+    modes = [m for m in bench.MODES if m != "eagle3"]  # eagle3 builds the head: test_eagle3_engine
+    args = dict(modes=modes, steps=[4, 8], likelihood_threshold=0.05, batches=[1, 8], open_loop=True,
+                seed=0, max_new_tokens=4, eagle3_steps=3, cache_dir=None)  # fmt: skip
     return SimpleNamespace(**{**args, **overrides})
 
 
@@ -67,6 +69,19 @@ def test_judged_pair_names_its_judge_and_modes_pick_engines():
         assert judge == (True, "likelihood", 0.05)
     plan = bench.engines(bench_args(modes=["target_only", "default"]), pair())
     assert [s.rows[0].mode for s in plan] == ["target_only", "default"]
+
+
+def test_eagle3_engine_serves_the_distilled_head_on_headed_pairs(monkeypatch):
+    from support import eagle3_head
+
+    monkeypatch.setattr(eagle3_head, "build", lambda cache_dir=None, log=None: Path("/cache/head"))
+    plan = bench.engines(bench_args(modes=["target_only", "eagle3"], eagle3_steps=5), pair("synthetic"))
+    assert [s.rows[0].mode for s in plan] == ["target_only", "eagle3"]
+    assert plan[1].settings == {"speculative_algorithm": "EAGLE3", "speculative_draft_model_path": "/cache/head",
+                                "speculative_eagle_topk": 1, "speculative_num_steps": 5,
+                                "speculative_num_draft_tokens": 6}  # fmt: skip
+    plan = bench.engines(bench_args(modes=["target_only", "eagle3"]), pair("smollm2"))
+    assert [s.rows[0].mode for s in plan] == ["target_only"]  # no head for SmolLM2's target
 
 
 def test_modes_and_open_loop_flags(capsys):

@@ -1,5 +1,7 @@
-"""SGLang tier, speculative decoding on CPU: SGLang's own NGRAM and STANDALONE algorithms
-through the torch_native verify / draft backends this project installs.
+"""SGLang tier, speculative decoding on CPU: SGLang's own NGRAM, STANDALONE and EAGLE3 algorithms
+through the torch_native verify / draft backends this project installs (EAGLE3 with a tiny random
+head: the plumbing a PARSE + EAGLE-3 composition builds on, the target capturing its aux hidden
+states for the head).
 
 Greedy output must equal target-only output exactly, and the accept length SGLang reports
 must show real acceptance. `decode_log_interval=1` makes SGLang fold every decode step into
@@ -12,6 +14,8 @@ from __future__ import annotations
 import time
 
 import pytest
+
+from support.eagle3_head import build_random_head
 
 pytestmark = pytest.mark.sglang
 
@@ -41,6 +45,14 @@ def standalone(tiny_pair, engine_factory, standalone_settings, target_only_outpu
         return _run(engine, target_only_outputs)
 
 
+@pytest.fixture(scope="module")
+def eagle3(tiny_pair, engine_factory, standalone_settings, target_only_outputs, tmp_path_factory):
+    head = build_random_head(tmp_path_factory.mktemp("eagle3") / "head", tiny_pair[0])
+    settings = {**standalone_settings, "speculative_algorithm": "EAGLE3", "speculative_draft_model_path": str(head)}
+    with engine_factory(tiny_pair[0], decode_log_interval=1, **settings) as engine:
+        return _run(engine, target_only_outputs)
+
+
 def test_ngram_greedy_equals_target_only(ngram, target_only_outputs):
     outputs, *_ = ngram
     assert [o["output_ids"] for o in outputs] == target_only_outputs.output_ids
@@ -67,7 +79,16 @@ def test_standalone_reports_accept_length(standalone):
     assert all(1.0 <= o["meta_info"]["spec_accept_length"] <= 4.0 for o in outputs)
 
 
-@pytest.mark.parametrize("engine_name", ["ngram", "standalone"])
+def test_eagle3_with_a_random_head_equals_target_only(eagle3, target_only_outputs):
+    """A random head's drafts are (almost) never the target's: every round verifies 3 drafts and
+    emits the target's own token, so output and KV bookkeeping are what is checked."""
+    outputs, _, _, state = eagle3
+    assert [o["output_ids"] for o in outputs] == target_only_outputs.output_ids
+    assert 1.0 <= state["avg_spec_accept_length"] < 1.3
+    assert all(o["meta_info"]["spec_verify_ct"] > 0 for o in outputs)
+
+
+@pytest.mark.parametrize("engine_name", ["ngram", "standalone", "eagle3"])
 def test_engine_survives_32_requests_and_idle_memory_check(engine_name, request):
     _, extra, alive, _ = request.getfixturevalue(engine_name)
     assert len(extra) == len(EXTRA_REQUESTS)
