@@ -28,6 +28,9 @@ the 2-core CPU the tiny pairs' 7 engines before `default` took ~13 GB, SmolLM2's
                head steps per round: the token-level speculator a PARSE + EAGLE-3 composition
                runs inside the target's own stretches. Pairs with the synthetic target only
                (useless, synthetic; the draft is not used); other pairs run without it.
+  head         PARSE composed with that head (`eagle3_head`, k = --eagle3-steps): the package's
+               defaults (lossless, adaptive, L <= 32) with the head running tier 0. Pairs with
+               the synthetic target only, as eagle3.
 PAIRS
   useless      the synthetic pair's target and a draft of its draft's shape with random weights
                (built once in the model cache): exact match almost never holds; lossless (judge
@@ -89,6 +92,7 @@ own, and `*_runs` every round's of every run (one file: the table it would have 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import contextlib
 import json
 import random
@@ -112,7 +116,7 @@ from parse_sglang.settings import server_parse_config  # noqa: E402
 from support.servers import launch, stop, wait_healthy  # noqa: E402
 
 PAIRS = ("useless", "synthetic", "smollm2")
-MODES = ("target_only", "target_only_sync", "fixed", "adaptive", "default", "eagle3")
+MODES = ("target_only", "target_only_sync", "fixed", "adaptive", "default", "eagle3", "head")
 HEADED = {"useless", "synthetic"}  # pairs whose target has a distilled EAGLE-3 head (mode eagle3)
 PICKED = ("adaptive", "default")  # engines that pick their own L: compared with the best fixed one
 JUDGED = {"synthetic"}  # pairs whose fixed and adaptive engines judge; the others lossless
@@ -223,11 +227,18 @@ def engines(args, pair: gpu_serving.Pair) -> list[gpu_serving.EngineSpec]:
             settings = parse_engine_kwargs(pair.draft, config)
         row = gpu_serving.RowSpec(mode, L)
         plan.append(gpu_serving.EngineSpec(name, settings, [row], config.draft_budget, config, graphs=False))
-    if "eagle3" in modes and pair.name in HEADED:
+    head = None
+    if {"eagle3", "head"} & set(modes) and pair.name in HEADED:
         from support import eagle3_head
 
-        head = eagle3_head.build(args.cache_dir, log=lambda line: None)
-        settings = dict(speculative_algorithm="EAGLE3", speculative_draft_model_path=str(head), speculative_eagle_topk=1,
+        head = str(eagle3_head.build(args.cache_dir, log=lambda line: None))
+    if "head" in modes and head:
+        config = dataclasses.replace(default_config(), eagle3_head=head, eagle3_steps=args.eagle3_steps)
+        plan.append(gpu_serving.EngineSpec(f"PARSE defaults + EAGLE-3 head k={args.eagle3_steps}",
+                                           parse_engine_kwargs(pair.draft, config), [gpu_serving.RowSpec("head", None)],
+                                           config.draft_budget, config, graphs=False))  # fmt: skip
+    if "eagle3" in modes and head:
+        settings = dict(speculative_algorithm="EAGLE3", speculative_draft_model_path=head, speculative_eagle_topk=1,
                         speculative_num_steps=args.eagle3_steps, speculative_num_draft_tokens=args.eagle3_steps + 1)  # fmt: skip
         plan.append(gpu_serving.EngineSpec(f"EAGLE3 k={args.eagle3_steps}", settings,
                                            [gpu_serving.RowSpec("eagle3", None)], graphs=False))  # fmt: skip

@@ -8,7 +8,8 @@ module imports neither of them, nor SGLang, so the package has no import circle.
 Per request, a plain dict of ints, `meta_info["parse"]`:
 
     {"rounds": int, "draft_length": int, "draft_tokens": int,
-     "accepted_exact": int, "accepted_judged": int, "judge_probes": int}
+     "accepted_exact": int, "accepted_judged": int, "judge_probes": int,
+     "head_rounds": int, "head_accepted": int}
 
 `rounds`: the request's rounds (each one target verify forward; an adaptive server's tier-0
 round of k plain decode steps counts as k rounds of L = 0); `draft_length`: the sum of its
@@ -18,7 +19,8 @@ token); `accepted_exact`: draft tokens
 the target's own next tokens confirmed; `accepted_judged`: draft tokens accepted beyond that
 exact-match prefix because the judge said yes; `judge_probes`: the judge probes its rounds asked
 (a round's real probes; the padding probes that keep one window width across a batch are not
-counted). With `custom_params={"parse": {"return_probe_scores": true}}`
+counted); `head_rounds`: its rounds drafted by an EAGLE-3 head (`eagle3_head`), `head_accepted`:
+the head's draft tokens they kept (counted in `accepted_exact` too). With `custom_params={"parse": {"return_probe_scores": true}}`
 the dict also holds `"probe_scores"`: one entry per round, `{"length": L, "draft": [ids],
 "confidence": [c], "accepted": a, "exact": e, "probes": [[b, p], ...], "likelihood": [[b, q],
 ...]}` - the round's L, the draft tokens the round verified and the draft's top-1 probability at
@@ -36,6 +38,7 @@ Per server, `ServerTotals.summary()`, counted since startup:
      "draft_length": int,        # the draft lengths L of the request-rounds, summed
      "verify_rows": int,         # window rows the verify passes ran (each request's N = 1 + L + K*m)
      "draft_tokens": int, "accepted_exact": int, "accepted_judged": int, "judge_probes": int,
+     "head_rounds": int, "head_accepted": int,
      "emitted_tokens": int,      # accepted drafts + one bonus token per request-round
      "tokens_per_round": float,  # = SGLang's avg_spec_accept_length over the same rounds
      "tokens_per_verify_pass": float, "draft_tokens_per_round": float,
@@ -63,7 +66,8 @@ from parse_sglang.request_state import state_of
 from parse_sglang.settings import RETURN_PROBE_SCORES
 
 STATS_KEY = "parse"
-COUNTERS = ("rounds", "draft_length", "draft_tokens", "accepted_exact", "accepted_judged", "judge_probes")
+COUNTERS = ("rounds", "draft_length", "draft_tokens", "accepted_exact", "accepted_judged", "judge_probes", "head_rounds",
+            "head_accepted")  # fmt: skip
 PROBE_SCORES = "probe_scores"
 
 
@@ -76,6 +80,7 @@ def record_round(
     judge_probes: int,
     probe_round: Optional[dict],
     rounds: int = 1,
+    head: bool = False,
 ) -> bool:
     """Count `rounds` identical rounds of `req` (more than one: a tier-0 round's decode steps)
     and publish its counters; returns True on its first round.
@@ -93,6 +98,8 @@ def record_round(
     stats["accepted_exact"] += exact * rounds
     stats["accepted_judged"] += judged * rounds
     stats["judge_probes"] += judge_probes * rounds
+    stats["head_rounds"] += rounds * head
+    stats["head_accepted"] += exact * rounds * head
     if probe_round is not None:
         stats.setdefault(PROBE_SCORES, []).extend([probe_round] * rounds)
     if req.customized_info is None:
@@ -130,6 +137,8 @@ class ServerTotals:
     accepted_exact: int = 0
     accepted_judged: int = 0
     judge_probes: int = 0
+    head_rounds: int = 0
+    head_accepted: int = 0
 
     def add_pass(
         self,
@@ -143,6 +152,7 @@ class ServerTotals:
         verify_rows: int,
         draft_length: int,
         passes: int = 1,
+        head: bool = False,
     ) -> None:
         """One worker round of `passes` identical verify passes (more than one: a tier-0 round's
         decode steps) over a batch of `rounds` requests; per pass, probe_scores: the judge score
@@ -151,7 +161,7 @@ class ServerTotals:
         counts = dict(
             requests=new_requests, rounds=rounds, verify_passes=1, graph_passes=int(graphed), verify_rows=verify_rows,
             draft_length=draft_length, draft_tokens=draft_tokens, accepted_exact=exact, accepted_judged=judged,
-            judge_probes=len(probe_scores),
+            judge_probes=len(probe_scores), head_rounds=rounds * head, head_accepted=exact * head,
         )  # fmt: skip
         counts = {name: value if name == "requests" else value * passes for name, value in counts.items()}
         counts["batch_rounds"] = 1
@@ -184,12 +194,14 @@ def _ratio(num: int, den: int) -> float:
     return num / den if den else 0.0
 
 
-def record_round_stats(totals: ServerTotals, reqs, window, result, graphed: bool, steps: int = 1) -> None:
+def record_round_stats(totals: ServerTotals, reqs, window, result, graphed: bool, steps: int = 1,
+                       head: bool = False) -> None:  # fmt: skip
     """Count a round: per request and in `totals`, from the round's host plan (`window.plan`)
     and host result (`acceptance.RoundResult`); judge probes counted are the real ones (a
     boundary of a request judged with the probe). A tier-0 round of `steps` decode steps
     counts as that many rounds of L = 0, each one target forward and one token (none of them
-    an accepted draft token, whatever run SGLang was handed)."""
+    an accepted draft token, whatever run SGLang was handed). head: an EAGLE-3 head round
+    (`head_rounds`, `head_accepted`)."""
     if steps > 1:
         zeros = [0] * len(reqs)
         result = dataclasses.replace(result, lengths=zeros, exact_tokens=zeros)
@@ -203,14 +215,14 @@ def record_round_stats(totals: ServerTotals, reqs, window, result, graphed: bool
     exact, judged = result.exact_tokens, result.judged_tokens
     new_requests = 0
     for i, req in enumerate(reqs):
-        probes = probe_round(window, result, i) if RETURN_PROBE_SCORES in req.parse.resolved.outputs else None
+        probes = probe_round(window, result, i, head) if RETURN_PROBE_SCORES in req.parse.resolved.outputs else None
         new_requests += record_round(req, window.shape.draft_len, draft_lens[i], exact[i], judged[i], probe_counts[i],
-                                     probes, steps)  # fmt: skip
+                                     probes, steps, head)  # fmt: skip
     totals.add_pass(new_requests, len(reqs), sum(draft_lens), sum(exact), sum(judged), scores, graphed,
-                    len(reqs) * window.shape.rows, len(reqs) * window.shape.draft_len, steps)  # fmt: skip
+                    len(reqs) * window.shape.rows, len(reqs) * window.shape.draft_len, steps, head)  # fmt: skip
 
 
-def probe_round(window, result, i: int) -> dict:
+def probe_round(window, result, i: int, head: bool = False) -> dict:
     """Request i's `probe_scores` entry of this round (module docstring), from host data."""
     plan = window.plan
     bounds = [b for b in plan.bounds[i].tolist() if b > 0]
@@ -219,7 +231,8 @@ def probe_round(window, result, i: int) -> dict:
         return [[b, v] for b, v in zip(bounds, values[i].tolist())] if values is not None and used else []
 
     return {
-        "length": window.shape.draft_len,  # the round's L (the adaptive tier)
+        "length": window.shape.draft_len,  # the round's L (the adaptive tier; a head round's: k)
+        "head": head,  # drafted by the EAGLE-3 head
         "draft": plan.drafts[i, : plan.draft_lens[i]].tolist(),
         "confidence": plan.confidence[i, : plan.draft_lens[i]].tolist(),
         "accepted": result.lengths[i],

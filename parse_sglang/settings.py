@@ -64,6 +64,10 @@ class ParseConfig:
         host before the next is sampled: grammar, penalties, logprobs). Server-wide.
     cost_table: a JSON file `python -m parse_sglang.profile_cost` wrote: the adaptive server's
         costs, fixed (empty: measured from its own rounds). Server-wide.
+    eagle3_head: an EAGLE-3 head checkpoint for the target (empty: none): an adaptive server's
+        tier-0 rounds run as head rounds, `eagle3_steps` head drafts verified exactly
+        (parse_sglang/eagle3_head.py, docs/eagle3.md). Server-wide.
+    eagle3_steps: the head's draft tokens per head round. Server-wide.
     """
 
     # The defaults are what the measured tables say (docs/settings.md, "Why these defaults"):
@@ -83,6 +87,8 @@ class ParseConfig:
     adaptive_tiers: tuple[int, ...] = ()
     tier0_steps: int = 4
     cost_table: str = ""
+    eagle3_head: str = ""
+    eagle3_steps: int = 3
 
     def __post_init__(self):
         _check_int("draft_budget", self.draft_budget, 1, 1024)
@@ -119,8 +125,10 @@ class ParseConfig:
             raise ValueError(f"adaptive_tiers={tiers!r} is invalid: allowed is a list of integers in [0, 1024]")
         object.__setattr__(self, "adaptive_tiers", tuple(sorted(set(tiers))))
         _check_int("tier0_steps", self.tier0_steps, 1, 64)
-        if not isinstance(self.cost_table, str):
-            raise ValueError(f"cost_table={self.cost_table!r} is invalid: allowed is a file path (a string)")
+        for name in ("cost_table", "eagle3_head"):
+            if not isinstance(getattr(self, name), str):
+                raise ValueError(f"{name}={getattr(self, name)!r} is invalid: allowed is a file path (a string)")
+        _check_int("eagle3_steps", self.eagle3_steps, 1, 16)
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any], base: "ParseConfig | None" = None) -> "ParseConfig":

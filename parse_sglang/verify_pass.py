@@ -56,10 +56,13 @@ def set_lengths(batch: ScheduleBatch, committed: Committed) -> None:
     batch.seq_lens_sum = int(committed.seq_lens_cpu.sum())
 
 
-def target_verify(target_worker, verify_graphs, req_to_token, batch: ScheduleBatch, committed: Committed, window):
+def target_verify(target_worker, verify_graphs, req_to_token, batch: ScheduleBatch, committed: Committed, window,
+                  aux: bool = False):  # fmt: skip
     """The round's one target forward; returns chain logits [bs * (L+1), V], probe logits
-    [bs, K, V] and whether it replayed a graph."""
+    [bs, K, V], whether it replayed a graph, and with `aux` the target's EAGLE-3 aux hidden
+    states of every window row [bs * rows, K*H] (an EAGLE-3 head's input), else None."""
     verify_input = window.verify_input
+    verify_input.capture_hidden_mode = CaptureHiddenMode.FULL if aux else CaptureHiddenMode.NULL
     set_lengths(batch, committed)
     batch.forward_mode = ForwardMode.TARGET_VERIFY
     batch.spec_info = verify_input
@@ -70,7 +73,8 @@ def target_verify(target_worker, verify_graphs, req_to_token, batch: ScheduleBat
         out = target_worker.forward_batch_generation(batch, is_verify=True)
     bs = len(batch.reqs)
     chain, probes = window.shape.split_logits(out.logits_output.next_token_logits, bs)
-    return chain.reshape(bs * window.chain_rows, -1), probes, out.can_run_cuda_graph
+    hidden = out.logits_output.hidden_states if aux else None
+    return chain.reshape(bs * window.chain_rows, -1), probes, out.can_run_cuda_graph, hidden
 
 
 def next_round_input(bonus: torch.Tensor) -> EagleDraftInput:

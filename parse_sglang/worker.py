@@ -45,6 +45,7 @@ Conventions this worker keeps with SGLang's scheduler (sync V2 schema, no overla
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 import torch
@@ -53,6 +54,7 @@ from sglang.srt.layers.logprob_processor import compute_spec_logprobs
 from sglang.srt.managers.schedule_batch import ScheduleBatch
 from sglang.srt.managers.tp_worker import TpModelWorker
 from sglang.srt.managers.utils import GenerationBatchResult
+from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
 from sglang.srt.runtime_context import get_device, get_model, get_parallel, get_schedule, get_serving, get_spec
 from sglang.srt.server_args import ServerArgs
 from sglang.srt.speculative.base_spec_worker import BaseSpecWorker
@@ -65,8 +67,10 @@ from parse_sglang.boundaries import TokenTexts
 from parse_sglang.counters import ServerTotals, record_round_stats
 from parse_sglang.draft_chain import Draft, DraftChain
 from parse_sglang.draft_length import FixedDraftLength
+from parse_sglang.eagle3_head import HeadChain
 from parse_sglang.judge import answer_columns
 from parse_sglang.packing import fields_of, pack, unpack
+from parse_sglang.request_state import state_of
 from parse_sglang.round_acceptance import accept_round
 from parse_sglang.scheduler_patches.draft_kv_budget import kv_bytes_per_token
 from parse_sglang.scheduler_patches.pd_peer import draft_identity
@@ -126,8 +130,15 @@ class ParseWorker(BaseSpecWorker):
         self.draft_length = (
             AdaptiveDraftLength.of(self.config) if self.config.adaptive else FixedDraftLength(self.config.draft_budget)
         )
+        self.head = None  # the EAGLE-3 head that runs tier 0 (`eagle3_head`)
+        if self.config.eagle3_head:
+            if not self.config.adaptive:
+                raise ValueError("eagle3_head needs adaptive: true (head rounds run where the target would run alone)")
+            self.head = HeadChain(server_args, gpu_id, nccl_port, target_worker, self.config.eagle3_head,
+                                  self.config.eagle3_steps)  # fmt: skip
         self.totals = ServerTotals()  # get_server_info()'s "parse" entry
         self.tp = TpSync.of_tp_group()  # rank 0's plan and decisions on every TP rank
+        self._verify_aux = None  # the last verify's aux hidden states (a head server's)
         self._drafting = False  # the last round drafted (`_defers_draft`)
         logger.info(
             "PARSE worker: L=%d, probe_stride=%d, judge=%s, threshold=%.3f, probe suffix m=%d, N_max=%d, window=%s",
@@ -147,6 +158,8 @@ class ParseWorker(BaseSpecWorker):
         committed = Committed.of(batch, self.device)
         policies = [request_policy(req, self.config) for req in batch.reqs]
         length, steps = self._draft_length(batch, policies)  # L: the server's, or the adaptive tier
+        if length == 0 and self.head:  # tier 0 with a head: its k drafts, verified exactly
+            return self._head_round(batch, committed, policies)
         if length == 0:  # tier 0: plain decode steps, the draft idle
             return self._decode_steps(batch, committed, policies, steps)
         draft = self._draft(batch, committed, length)  # 1. d_1..d_L, their confidence (and their q)
@@ -157,6 +170,22 @@ class ParseWorker(BaseSpecWorker):
         graphed = draft.graphed and verify_graphed
         self._record(batch.reqs, window, accepted, graphed)  # counters, target phases
         return self._result(batch, committed, window, accepted, chain_logits, graphed)  # 9. SGLang commits
+
+    def _head_round(self, batch: ScheduleBatch, committed: Committed, policies) -> GenerationBatchResult:
+        """Tier 0 on a server with an EAGLE-3 head: the head's k drafts from each request's
+        carried input, one chain-only verify (no judge: the head runs the target's own text),
+        SGLang's exact acceptance; the PARSE draft idles over what it emits."""
+        set_lengths(batch, committed)
+        drafts = self.head.draft(batch, committed, self.req_to_token_pool)  # [bs, k]
+        exact = [dataclasses.replace(p, judged=False) for p in policies]
+        window = self._plan_window(committed, drafts, torch.ones(drafts.shape, device=self.device), exact)
+        chain_logits, probe_logits, graphed = self._verify(batch, committed, window)
+        accepted = self._accept(batch, committed, window, chain_logits, probe_logits, None)
+        accepted = self.tp.share_accepted(accepted)
+        lengths = self._record(batch.reqs, window, accepted, graphed, head=True)
+        for req, kept in zip(batch.reqs, lengths):
+            state_of(req).draft_behind += kept + 1  # the PARSE draft catches up when it drafts again
+        return self._result(batch, committed, window, accepted, chain_logits, graphed)
 
     def _draft_length(self, batch: ScheduleBatch, policies) -> tuple[int, int]:
         """The round's L: the server's, or the tier the adaptive controller chooses (rank 0's
@@ -253,7 +282,11 @@ class ParseWorker(BaseSpecWorker):
     def _verify(self, batch: ScheduleBatch, committed: Committed, window: Window):
         """6. ONE target forward over every request's window (`verify_pass.target_verify`)."""
         req_to_token = self.req_to_token_pool.req_to_token
-        return target_verify(self.target_worker, self.verify_graphs, req_to_token, batch, committed, window)
+        aux = self.head is not None  # the head's input: the target's aux states of the window's rows
+        chain, probes, graphed, self._verify_aux = target_verify(
+            self.target_worker, self.verify_graphs, req_to_token, batch, committed, window, aux
+        )
+        return chain, probes, graphed
 
     def _accept(self, batch, committed: Committed, window: Window, chain_logits, probe_logits, proposals):
         """7.-8. SGLang's chain verification, the judge's extension, the bonus (`round_acceptance`);
@@ -265,17 +298,18 @@ class ParseWorker(BaseSpecWorker):
         return accept_round(batch, committed.seq_lens, window, chain_logits, probe_logits, chain, proposals,
                             self.rejection_sampling, self.probe, self.answer_columns, watermark)  # fmt: skip
 
-    def _record(self, reqs, window: Window, accepted: Accepted, graphed: bool, steps: int = 1) -> None:
+    def _record(self, reqs, window: Window, accepted: Accepted, graphed: bool, steps: int = 1, head: bool = False):
         """The round's result on the host (its one copy back): counters, target phases, and
         what the draft-length policy learns (an adaptive server's: the round's costs, each request's acceptance);
-        steps: the verify passes of a tier-0 round."""
+        steps: the verify passes of a tier-0 round; head: a head round. Returns each request's kept drafts."""
         result = round_result(accepted)
         self.draft_length.after_round(reqs, window, result, steps)
-        record_round_stats(self.totals, reqs, window, result, graphed, steps)
+        record_round_stats(self.totals, reqs, window, result, graphed, steps, head)
         update_target_phases(
             self.texts, reqs, window.configs, window.plan.judged.tolist(), window.plan.draft_lens.tolist(),
             result.lengths, result.emitted,
         )  # fmt: skip
+        return result.lengths
 
     def _result(self, batch, committed: Committed, window: Window, accepted: Accepted, chain_logits, graphed: bool,
                 steps: int = 1):  # fmt: skip
@@ -290,7 +324,7 @@ class ParseWorker(BaseSpecWorker):
             accept_index = accepted.accept_index(self.constants.chain_view(window.chain_tokens).retrieve_index)
             compute_spec_logprobs(batch, chain_output, next_token_ids, accept_index=accept_index)
         bonus = accepted.emitted.gather(1, accepted.lengths[:, None]).squeeze(1)
-        return GenerationBatchResult(
+        result = GenerationBatchResult(
             logits_output=chain_output,
             next_token_ids=next_token_ids,
             accept_lens=accepted.accept_lens,
@@ -300,6 +334,12 @@ class ParseWorker(BaseSpecWorker):
             num_non_draft_tokens_per_req=steps,
             can_run_cuda_graph=graphed,
         )
+        if self.head:  # every round: the head's KV over what it emitted, its next input on next_draft_input
+            req_to_token = self.req_to_token_pool.req_to_token
+            self.head.extend(
+                batch, committed, req_to_token, window, accepted, self._verify_aux, result.next_draft_input
+            )
+        return result
 
     # ----- SGLang bookkeeping around the round ------------------------------------------
 
@@ -313,10 +353,16 @@ class ParseWorker(BaseSpecWorker):
     def _prefill(self, batch: ScheduleBatch) -> GenerationBatchResult:
         """Target prefill (samples the first token, the first round's c_n), then the draft
         over the same slots, or not yet (`_defers_draft`)."""
-        result = self.target_worker.forward_batch_generation(batch)
+        aux = CaptureHiddenMode.FULL if self.head else None  # the head reads every prompt row's aux states
+        result = self.target_worker.forward_batch_generation(batch, capture_hidden_mode=aux)
         self._draft_worker.prefill(batch, defer=self._defers_draft(batch))
         result.new_seq_lens = batch.seq_lens
-        result.next_draft_input = next_round_input(result.next_token_ids)
+        if self.head:  # never deferred: its inputs exist only during this forward
+            result.next_draft_input = self.head.prefill(
+                batch, result.logits_output.hidden_states, result.next_token_ids
+            )
+        else:
+            result.next_draft_input = next_round_input(result.next_token_ids)
         return result
 
     def _defers_draft(self, batch: ScheduleBatch) -> bool:
@@ -352,6 +398,8 @@ class ParseWorker(BaseSpecWorker):
                 "PARSE does not support hybrid (mamba/linear-attention) targets: allowed are full-attention models"
             )
         super().alloc_memory_pool(memory_pool_config, req_to_token_pool, token_to_kv_pool_allocator)
+        if self.head:
+            self.head.alloc_memory_pool(memory_pool_config, req_to_token_pool, token_to_kv_pool_allocator)
         if default_tree_mask_mode().name == "FULL_MASK":  # the GPU backends read the FULL form
             self.mask_buffer = FullMaskBuffer.for_pools(
                 self.window_max, get_schedule().max_running_requests, token_to_kv_pool_allocator.size,
@@ -359,11 +407,18 @@ class ParseWorker(BaseSpecWorker):
             )  # fmt: skip
             logger.info("PARSE FULL-mask buffer: %.1f MiB", self.mask_buffer.buffer.numel() / 2**20)
 
+    def init_attention_backends(self):
+        super().init_attention_backends()
+        if self.head:
+            self.head.init_attention_backends()
+
     def init_cuda_graphs(self):
         """The draft chain's graphs; then, where the target's verify graph is captured, one per
         other window shape a round can have (`WindowGeometry.shapes`: per draft length, the
         chain alone and with K_max probes)."""
         super().init_cuda_graphs()
+        if self.head:
+            self.head.init_cuda_graphs()
         self.verify_graphs.capture(self.geometry.shapes())
 
     def server_state(self) -> dict:

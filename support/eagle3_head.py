@@ -52,6 +52,15 @@ class RMSNorm(nn.Module):
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
 
 
+_LAYER = {"q_proj": "self_attn", "k_proj": "self_attn", "v_proj": "self_attn", "o_proj": "self_attn",
+          "gate_proj": "mlp", "up_proj": "mlp", "down_proj": "mlp"}  # fmt: skip
+_NORMS = ("input_layernorm", "hidden_norm", "post_attention_layernorm")
+_EAGLE3_NAMES = {  # Head's parameter names -> an EAGLE-3 checkpoint's
+    **{f"{name}.weight": f"midlayer.{group}.{name}.weight" for name, group in _LAYER.items()},
+    **{f"{norm}.weight": f"midlayer.{norm}.weight" for norm in _NORMS},
+}
+
+
 class Head(nn.Module):
     """SGLang's one-layer `LlamaForCausalLMEagle3` for a Llama target of config `target`."""
 
@@ -130,16 +139,51 @@ class Head(nn.Module):
         logits2, _ = self._finish(self._attend(q2, keys, values, torch.cat([before, own], dim=1)), hidden2)
         return logits1, logits2
 
+    def greedy_chain(self, aux, tokens, steps: int) -> tuple[list[int], list[float]]:
+        """The head's `steps` greedy drafts as SGLang's chain makes them, and each one's margin
+        (its logit over the runner-up's): aux [T, h * n_aux] the target's at positions 0..T-1 of
+        the committed tokens, tokens [T] the token after each (the last: the round's input token);
+        step 1 reads position T-1, each later step its own hidden state and draft at the next
+        position, attending to every position before it."""
+        drafts, margins = [], []
+
+        def pick(logits):
+            top = logits[0, -1].topk(2)
+            drafts.append(int(top.indices[0]))
+            margins.append(float(top.values[0] - top.values[1]))
+
+        with torch.no_grad():
+            T = tokens.shape[0]
+            hidden = self.fc(aux[None])
+            q, keys, values = self._qkv(tokens[None], hidden, torch.arange(T))
+            causal = torch.ones(T, T, dtype=torch.bool).tril()
+            logits, residual = self._finish(self._attend(q, keys, values, causal), hidden)
+            pick(logits)
+            hidden = residual[:, -1:]
+            for step in range(1, steps):
+                q, k, v = self._qkv(torch.tensor([[drafts[-1]]]), hidden, torch.tensor([T - 1 + step]))
+                keys, values = torch.cat([keys, k], dim=1), torch.cat([values, v], dim=1)
+                every = torch.ones(1, keys.shape[1], dtype=torch.bool)
+                logits, hidden = self._finish(self._attend(q, keys, values, every), hidden)
+                pick(logits)
+        return drafts, margins
+
+    @classmethod
+    def load(cls, head_dir, target_dir) -> "Head":
+        """A head checkpoint (`save`'s names) for the target in target_dir."""
+        from safetensors.torch import load_file
+
+        config = json.loads((Path(head_dir) / "config.json").read_text())
+        head = cls(_target_config(target_dir), config["eagle_config"]["eagle_aux_hidden_state_layer_ids"])
+        names = {saved: own for own, saved in _EAGLE3_NAMES.items()}
+        weights = load_file(str(Path(head_dir) / WEIGHTS_FILE))
+        head.load_state_dict({names.get(k, k): t for k, t in weights.items()}, strict=False)
+        return head.eval()
+
     def state_dict_eagle3(self) -> dict:
         """The weights under an EAGLE-3 checkpoint's names (what SGLang's loader maps)."""
-        layer = {"q_proj": "self_attn", "k_proj": "self_attn", "v_proj": "self_attn", "o_proj": "self_attn",
-                 "gate_proj": "mlp", "up_proj": "mlp", "down_proj": "mlp"}  # fmt: skip
-        names = {f"{name}.weight": f"midlayer.{group}.{name}.weight" for name, group in layer.items()}
-        for norm in ("input_layernorm", "hidden_norm", "post_attention_layernorm"):
-            names[f"{norm}.weight"] = f"midlayer.{norm}.weight"
-        return {
-            names.get(k, k): t.detach().float().contiguous() for k, t in self.state_dict().items() if k != "inv_freq"
-        }
+        weights = self.state_dict().items()
+        return {_EAGLE3_NAMES.get(k, k): t.detach().float().contiguous() for k, t in weights if k != "inv_freq"}
 
     def save(self, out_dir) -> Path:
         from safetensors.torch import save_file

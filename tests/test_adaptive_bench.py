@@ -5,6 +5,7 @@ flight together), ratios and merging per load, and gpu_serving's parse_adaptive 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import statistics
 import threading
@@ -29,7 +30,7 @@ def pair(name="useless", prompts=20):
 
 
 def bench_args(**overrides):
-    modes = [m for m in bench.MODES if m != "eagle3"]  # eagle3 builds the head: test_eagle3_engine
+    modes = [m for m in bench.MODES if m not in ("eagle3", "head")]  # they build the head: test_eagle3_engine...
     args = dict(modes=modes, steps=[4, 8], likelihood_threshold=0.05, batches=[1, 8], open_loop=True,
                 seed=0, max_new_tokens=4, eagle3_steps=3, cache_dir=None)  # fmt: skip
     return SimpleNamespace(**{**args, **overrides})
@@ -80,8 +81,12 @@ def test_eagle3_engine_serves_the_distilled_head_on_headed_pairs(monkeypatch):
     assert plan[1].settings == {"speculative_algorithm": "EAGLE3", "speculative_draft_model_path": "/cache/head",
                                 "speculative_eagle_topk": 1, "speculative_num_steps": 5,
                                 "speculative_num_draft_tokens": 6}  # fmt: skip
-    plan = bench.engines(bench_args(modes=["target_only", "eagle3"]), pair("smollm2"))
+    plan = bench.engines(bench_args(modes=["target_only", "eagle3", "head"]), pair("smollm2"))
     assert [s.rows[0].mode for s in plan] == ["target_only"]  # no head for SmolLM2's target
+    plan = bench.engines(bench_args(modes=["target_only", "head"], eagle3_steps=5), pair("synthetic"))
+    composed = plan[1].config  # the package's defaults, with the head
+    assert plan[1].rows[0].mode == "head" and (composed.eagle3_head, composed.eagle3_steps) == ("/cache/head", 5)
+    assert dataclasses.replace(composed, eagle3_head="", eagle3_steps=3) == bench.default_config()
 
 
 def test_modes_and_open_loop_flags(capsys):

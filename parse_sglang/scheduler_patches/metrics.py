@@ -60,6 +60,8 @@ DOCS = {
     "accepted_exact": "Draft tokens PARSE accepted because the target would have emitted them (exact match).",
     "accepted_judged": "Draft tokens PARSE accepted beyond the exact match because the judge said yes.",
     "judge_probes": "Judge probes PARSE asked (one per real boundary; window padding not counted).",
+    "head_rounds": "PARSE request-rounds drafted by the EAGLE-3 head (eagle3_head).",
+    "head_accepted": "Draft tokens of the EAGLE-3 head's rounds the target kept.",
 }
 PROBE_SCORE = PREFIX + "probe_score"
 PROBE_SCORE_BUCKETS = tuple(round(0.1 * i, 1) for i in range(1, 11))
