@@ -32,6 +32,9 @@ Conventions this worker keeps with SGLang's scheduler (sync V2 schema, no overla
   `adaptive` the tier `adaptive.AdaptiveDraftLength` chooses for the batch, from the costs it measured at the round's host/device crossings and
   the acceptance it saw. Tier 0 (`_decode_steps`): up to `tier0_steps` plain decode steps back
   to back on the device, the draft idle, the result on the host once.
+- With an EAGLE-3 head (`eagle3_head`, parse_sglang/eagle3_head.py) tier 0 runs as head rounds
+  (`_head_round`: the head's k drafts, a chain-only verify, exact acceptance), every verify and
+  prefill captures the target's aux states, and `_result` extends the head after every round.
 - Output: `next_token_ids` is [bs * (L+1)], request i's emitted tokens d_1..d_a, t_a at
   i*(L+1) .. i*(L+1)+a; `accept_lens` = a + 1 (bonus included).
 - The exact part of acceptance is SGLang's own chain verification (`eagle_sample` on the
