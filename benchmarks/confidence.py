@@ -103,7 +103,7 @@ def predictions(requests: list[list[dict]], longest: int) -> list[tuple[int, flo
             if drafted:
                 own[i].observe(drafted, r["accepted"])
                 pooled.observe(drafted, r["accepted"])
-                calib.observe(conf, r["accepted"])
+                calib.observe(torch.tensor([conf]), [drafted], [r["accepted"]])
     return out
 
 

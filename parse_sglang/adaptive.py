@@ -208,11 +208,28 @@ class Calibration:
     def bin(confidence: float) -> int:
         return min(int(confidence * CONFIDENCE_BINS), CONFIDENCE_BINS - 1)
 
-    def observe(self, confidence: Sequence[float], accepted: int) -> None:
-        for j, c in enumerate(confidence[: accepted + 1]):
-            b = self.bin(c)
-            self.reached[b] = CONFIDENCE_DECAY * self.reached[b] + 1.0
-            self.kept[b] = CONFIDENCE_DECAY * self.kept[b] + float(j < accepted)
+    def observe(self, confidence: torch.Tensor, drafted, accepted) -> None:
+        """A round's requests at once: confidence [n, L] on the host, drafted and accepted [n]
+        each; request i reached its first min(accepted + 1, drafted) positions and kept the first
+        accepted. Each reached position, in request-then-position order, decays its bucket's
+        counts by CONFIDENCE_DECAY and adds itself (the same as one position at a time: a
+        position with r later ones in its bucket this round weighs CONFIDENCE_DECAY ** r)."""
+        drafted, accepted = torch.as_tensor(drafted), torch.as_tensor(accepted)
+        column = torch.arange(confidence.shape[1])
+        reached = column < torch.minimum(accepted + 1, drafted)[:, None]  # [n, L]
+        if not reached.any():
+            return
+        bins = (confidence[reached].double() * CONFIDENCE_BINS).long().clamp(0, CONFIDENCE_BINS - 1)  # [m]
+        kept = (column < accepted[:, None])[reached].double()  # [m]
+        seen = torch.nn.functional.one_hot(bins, CONFIDENCE_BINS).double()  # [m, bins]
+        per_bin = seen.sum(dim=0)  # [bins]
+        later = per_bin[bins] - seen.cumsum(dim=0).gather(1, bins[:, None]).squeeze(1)  # [m]
+        weight = CONFIDENCE_DECAY**later
+        fade = CONFIDENCE_DECAY**per_bin
+        added = torch.zeros(CONFIDENCE_BINS, dtype=torch.float64).index_add_(0, bins, weight)
+        added_kept = torch.zeros(CONFIDENCE_BINS, dtype=torch.float64).index_add_(0, bins, weight * kept)
+        self.reached = (fade * torch.tensor(self.reached, dtype=torch.float64) + added).tolist()
+        self.kept = (fade * torch.tensor(self.kept, dtype=torch.float64) + added_kept).tolist()
 
     def keep_rates(self) -> torch.Tensor:
         """[CONFIDENCE_BINS] each bucket's keep rate."""
@@ -435,14 +452,13 @@ class AdaptiveDraftLength(DraftLengthPolicy):
             self._zero_streak += steps
             return
         emitted = []
-        rows = zip(reqs, plan.draft_lens.tolist(), result.lengths, plan.confidence.tolist(), plan.judged.tolist())
-        for req, drafted, accepted, confidence, judged in rows:
+        for req, drafted, accepted in zip(reqs, plan.draft_lens.tolist(), result.lengths):
             if drafted:
                 self.acceptance(req).observe(drafted, accepted)
                 self.pooled.observe(drafted, accepted)
-                if not judged:  # what exact match keeps (what the verify's cut predicts)
-                    self.calibration.observe(confidence[:drafted], accepted)
                 emitted.append(1 + accepted)
+        exact = ~plan.judged  # what exact match keeps (what the verify's cut predicts): unjudged rounds
+        self.calibration.observe(plan.confidence[exact], plan.draft_lens[exact], torch.tensor(result.lengths)[exact])
         if emitted and statistics.mean(emitted) > (self._break_even or 1.0):
             self._backoff = 1  # drafting paid for itself: a batch that falls to tier 0 next probes soon
         elif self._zero_streak:  # a round after tier 0 (a probe, or a new batch's) that did not: probes space out

@@ -173,12 +173,12 @@ class DraftChain(StandaloneDraftWorker):
         for req in batch.reqs:
             state_of(req).draft_behind = 0  # a prefill (or a retracted request's re-prefill) covers every token
 
-    def idle(self, reqs, tokens: int) -> None:
-        """An adaptive server's tier-0 round committed `tokens` tokens per request without the
-        draft: they are counted as missing from the draft's KV, and the next round that drafts
-        first extends the draft over what is missing (`catch_up`)."""
-        for req in reqs:
-            state_of(req).draft_behind += tokens
+    def idle(self, reqs, tokens: Sequence[int]) -> None:
+        """A round committed tokens[i] tokens of request i without the draft (an adaptive
+        server's tier-0 or head round): they are counted as missing from the draft's KV, and the
+        next round that drafts first extends the draft over what is missing (`catch_up`)."""
+        for req, count in zip(reqs, tokens):
+            state_of(req).draft_behind += count
 
     def draft(self, batch: ScheduleBatch, last_tokens: torch.Tensor, rows: torch.Tensor, length: int) -> Draft:
         """The round's `Draft` at draft length L = `length` > 0; rows: the batch's

@@ -34,6 +34,8 @@ from sglang.srt.speculative.eagle_worker_common import prepare_for_draft
 from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
+from parse_sglang.verify_pass import set_lengths, window_slots
+
 logger = logging.getLogger(__name__)
 
 
@@ -148,10 +150,8 @@ class HeadChain:
         bs, width = len(batch.reqs), window.chain_rows
         chain_aux = aux.view(bs, window.shape.rows, -1)[:, :width].reshape(bs * width, -1)  # [bs * (L+1), K*H]
         self.worker.speculative_num_draft_tokens = width
-        slots = committed.seq_lens[:, None] + torch.arange(width, device=committed.seq_lens.device)
-        batch.seq_lens, batch.seq_lens_cpu = committed.seq_lens, committed.seq_lens_cpu
-        batch.seq_lens_sum = int(committed.seq_lens_cpu.sum())
-        batch.out_cache_loc = req_to_token[committed.rows[:, None], slots].reshape(-1).to(torch.int64)
+        set_lengths(batch, committed)
+        batch.out_cache_loc = window_slots(req_to_token, committed, width)  # the chain rows' slots
         round_ = GenerationBatchResult(
             logits_output=LogitsProcessorOutput(next_token_logits=None, hidden_states=chain_aux),
             next_token_ids=accepted.emitted[:, :width].reshape(-1),  # [bs * (L+1)] the token after each row

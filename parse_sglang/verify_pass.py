@@ -56,6 +56,12 @@ def set_lengths(batch: ScheduleBatch, committed: Committed) -> None:
     batch.seq_lens_sum = int(committed.seq_lens_cpu.sum())
 
 
+def window_slots(req_to_token, committed: Committed, rows: int) -> torch.Tensor:
+    """[bs * rows] the KV slots of each request's first `rows` window rows, P .. P + rows - 1."""
+    slots = committed.seq_lens[:, None] + torch.arange(rows, device=committed.seq_lens.device)
+    return req_to_token[committed.rows[:, None], slots].reshape(-1).to(torch.int64)
+
+
 def target_verify(target_worker, verify_graphs, req_to_token, batch: ScheduleBatch, committed: Committed, window,
                   aux: bool = False):  # fmt: skip
     """The round's one target forward; returns chain logits [bs * (L+1), V], probe logits
@@ -67,8 +73,7 @@ def target_verify(target_worker, verify_graphs, req_to_token, batch: ScheduleBat
     batch.forward_mode = ForwardMode.TARGET_VERIFY
     batch.spec_info = verify_input
     batch.input_ids = verify_input.input_ids
-    slots = committed.seq_lens[:, None] + torch.arange(window.shape.rows, device=committed.seq_lens.device)
-    batch.out_cache_loc = req_to_token[committed.rows[:, None], slots].reshape(-1).to(torch.int64)
+    batch.out_cache_loc = window_slots(req_to_token, committed, window.shape.rows)
     with verify_graphs.replaying(window.shape):
         out = target_worker.forward_batch_generation(batch, is_verify=True)
     bs = len(batch.reqs)

@@ -73,7 +73,6 @@ from parse_sglang.draft_length import FixedDraftLength
 from parse_sglang.eagle3_head import HeadChain
 from parse_sglang.judge import answer_columns
 from parse_sglang.packing import fields_of, pack, unpack
-from parse_sglang.request_state import state_of
 from parse_sglang.round_acceptance import accept_round
 from parse_sglang.scheduler_patches.draft_kv_budget import kv_bytes_per_token
 from parse_sglang.scheduler_patches.pd_peer import draft_identity
@@ -181,13 +180,12 @@ class ParseWorker(BaseSpecWorker):
         set_lengths(batch, committed)
         drafts = self.head.draft(batch, committed, self.req_to_token_pool)  # [bs, k]
         exact = [dataclasses.replace(p, judged=False) for p in policies]
-        window = self._plan_window(committed, drafts, torch.ones(drafts.shape, device=self.device), exact)
+        window = self._plan_window(committed, drafts, torch.ones_like(drafts, dtype=torch.float32), exact)
         chain_logits, probe_logits, graphed = self._verify(batch, committed, window)
         accepted = self._accept(batch, committed, window, chain_logits, probe_logits, None)
         accepted = self.tp.share_accepted(accepted)
         lengths = self._record(batch.reqs, window, accepted, graphed, head=True)
-        for req, kept in zip(batch.reqs, lengths):
-            state_of(req).draft_behind += kept + 1  # the PARSE draft catches up when it drafts again
+        self._draft_worker.idle(batch.reqs, [kept + 1 for kept in lengths])
         return self._result(batch, committed, window, accepted, chain_logits, graphed)
 
     def _draft_length(self, batch: ScheduleBatch, policies) -> tuple[int, int]:
@@ -242,7 +240,7 @@ class ParseWorker(BaseSpecWorker):
             kept = self.constants.cached(("decode_steps", bs, steps),
                                          lambda: torch.full((bs,), steps - 1, device=self.device))  # fmt: skip
             accepted = Accepted(torch.stack(tokens[1:], dim=1), kept, kept, accepted.verdict)
-        self._draft_worker.idle(batch.reqs, steps)
+        self._draft_worker.idle(batch.reqs, [steps] * bs)
         for req in batch.reqs:  # SGLang counts one verify (of 0 correct drafts) per round; each step is one
             req.spec_verify_ct += steps - 1
             for _ in range(steps - 1):

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import importlib.util
+import json
 import sys
 from pathlib import Path
 
@@ -170,6 +171,19 @@ def assert_drafts_are_draft_greedy(outs, prompt_ids, draft) -> int:
             committed += round_["accepted"] + 1
             rounds += 1
     return rounds
+
+
+def write_pinned_costs(path, tiers) -> str:
+    """A fixed cost table (`cost_table`) of a machine where a draft step costs 0.3 of the verify
+    pass (tier 0 skips the draft): a new request's prior (half its draft tokens kept) pays for
+    no tier but 0, so an adaptive server starts at tier 0 and its probes draft now and then."""
+    cells = [(b, L) for b in (1, 16) for L in tiers]
+    table = {
+        "draft": [{"bucket": b, "L": L, "seconds": 0.006 * (L + 1) if L else 0.0} for b, L in cells],
+        "rest": [{"bucket": b, "rows": L + 1, "seconds": 0.02 + 1e-4 * (L + 1)} for b, L in cells],
+    }
+    Path(path).write_text(json.dumps(table))
+    return str(path)
 
 
 @pytest.fixture(scope="session")

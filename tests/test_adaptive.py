@@ -242,7 +242,7 @@ def test_the_verify_stops_where_calibrated_confidence_says_the_draft_will_not_su
     controller = AdaptiveDraftLength(TIERS, linear_costs(step_s=0.002, verify_s=0.004, row_s=0.002))
     assert controller.verify_length(policies(2), torch.tensor([confident] * 2), rows_of) == 32  # not calibrated
     for _ in range(20):  # high confidence is kept, low is not
-        controller.calibration.observe([0.95] * 4 + [0.05], 4)
+        controller.calibration.observe(torch.tensor([[0.95] * 4 + [0.05]]), [5], [4])
     assert controller.calibration.keep_rate(0.95) > 0.9 and controller.calibration.keep_rate(0.05) < 0.1
     assert controller.verify_length(policies(2), torch.tensor([confident] * 2), rows_of) == 4
     assert controller.verify_length(policies(2), torch.tensor([[0.95] * 32] * 2), rows_of) == 32
@@ -254,6 +254,28 @@ def test_the_verify_stops_where_calibrated_confidence_says_the_draft_will_not_su
     controller.observe(reqs, 32, rows_of(4), plan, SimpleNamespace(lengths=[2, 4]), 0.0, 0.0)
     assert sum(controller.calibration.reached) - sum(before) == pytest.approx(3, abs=0.5)  # the judged one: not
     assert controller.verify_length(policies(2, judged=True), torch.tensor([confident] * 2), rows_of) == 32
+
+
+def test_calibration_observes_a_round_as_one_position_at_a_time():
+    """The vectorized observation of a round equals decaying and counting each reached position
+    in turn (request by request, position by position), the reference written as a loop."""
+    from parse_sglang.adaptive import CONFIDENCE_BINS, CONFIDENCE_DECAY, Calibration
+
+    generator = torch.Generator().manual_seed(0)
+    calibration, reference = Calibration(), Calibration()
+    for _ in range(5):
+        confidence = torch.rand(6, 8, generator=generator)
+        drafted = torch.randint(0, 9, (6,), generator=generator)
+        accepted = torch.minimum(torch.randint(0, 9, (6,), generator=generator), drafted)
+        calibration.observe(confidence, drafted, accepted)
+        for row, n, a in zip(confidence.tolist(), drafted.tolist(), accepted.tolist()):
+            for j, c in enumerate(row[: min(a + 1, n)]):
+                b = min(int(c * CONFIDENCE_BINS), CONFIDENCE_BINS - 1)
+                reference.reached[b] = CONFIDENCE_DECAY * reference.reached[b] + 1.0
+                reference.kept[b] = CONFIDENCE_DECAY * reference.kept[b] + float(j < a)
+    assert calibration.reached == pytest.approx(reference.reached, rel=1e-12)
+    assert calibration.kept == pytest.approx(reference.kept, rel=1e-12)
+    assert sum(reference.reached) > 20  # the rounds reached positions in several buckets
 
 
 def test_a_request_that_keeps_all_it_drafts_is_valued_past_its_reach_by_its_own_rate():

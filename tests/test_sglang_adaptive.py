@@ -5,13 +5,18 @@ profiling command writes a table a server loads."""
 
 from __future__ import annotations
 
-import json
 import math
 import shutil
 
 import pytest
 
-from conftest import BATCH_PROMPTS, assert_drafts_are_draft_greedy, probe_config, target_continuations
+from conftest import (
+    BATCH_PROMPTS,
+    assert_drafts_are_draft_greedy,
+    probe_config,
+    target_continuations,
+    write_pinned_costs,
+)
 from parse_sglang.adaptive import EXPLORE_SAMPLES, PROBE_OVERHEAD, CostTable, bucket
 from parse_sglang.settings import parse_engine_kwargs
 from parse_sglang.profile_cost import main as profile_cost_main
@@ -47,16 +52,7 @@ def drafts(tiny_pair, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def pinned_costs(tmp_path_factory) -> str:
-    """A cost table of a machine where a draft step costs 0.3 of the verify pass (tier 0 skips
-    the draft): a new request's prior (half its draft tokens kept) pays for no tier but 0."""
-    cells = [(b, L) for b in (1, 16) for L in TIERS]
-    table = {
-        "draft": [{"bucket": b, "L": L, "seconds": 0.006 * (L + 1) if L else 0.0} for b, L in cells],
-        "rest": [{"bucket": b, "rows": L + 1, "seconds": 0.02 + 1e-4 * (L + 1)} for b, L in cells],
-    }
-    path = tmp_path_factory.mktemp("costs") / "costs.json"
-    path.write_text(json.dumps(table))
-    return str(path)
+    return write_pinned_costs(tmp_path_factory.mktemp("costs") / "costs.json", TIERS)
 
 
 def serve(engine_factory, target, draft, config):

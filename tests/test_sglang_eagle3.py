@@ -15,6 +15,7 @@ import pytest
 import torch
 from transformers import AutoTokenizer, LlamaForCausalLM
 
+from conftest import write_pinned_costs
 from parse_sglang.settings import ParseConfig, parse_engine_kwargs
 from support import eagle3_head, synthetic
 
@@ -31,16 +32,7 @@ def pair_and_prompts():
 
 @pytest.fixture(scope="module")
 def pinned_costs(tmp_path_factory) -> str:
-    """Draft steps at 0.3 of a verify: a new request's prior pays for no drafting tier, tier 0
-    wins and the controller's probes draft now and then."""
-    cells = [(b, L) for b in (1, 16) for L in (0, 4, 8)]
-    table = {
-        "draft": [{"bucket": b, "L": L, "seconds": 0.006 * (L + 1) if L else 0.0} for b, L in cells],
-        "rest": [{"bucket": b, "rows": r, "seconds": 0.02 + 1e-4 * r} for b in (1, 16) for r in (1, 5, 9)],
-    }
-    path = tmp_path_factory.mktemp("costs") / "costs.json"
-    path.write_text(json.dumps(table))
-    return str(path)
+    return write_pinned_costs(tmp_path_factory.mktemp("costs") / "costs.json", (0, 4, 8))
 
 
 NEAR_TIE = 0.5  # logits: where the reference's top two are closer, SGLang's pick may differ (fp32 paths differ)
