@@ -56,6 +56,16 @@ MODES (--modes)
                       (in the default modes; not in --cpu-smoke's)
   draft_only          the draft alone, target-only style: its decode step is the draft step of
                       the cost columns (in the default modes; not in --cpu-smoke)
+  parse_head          parse_adaptive with an EAGLE-3 head (`eagle3_head`, k = --eagle3-steps):
+                      head rounds as one more tier (docs/eagle3.md). The pair's head: for the
+                      dummy pairs a weightless one-layer head of the target's shape (config only,
+                      aux layers early / middle / late, served by the dummy loader: its acceptance
+                      means nothing, its cost is what the row prices), the synthetic target's
+                      distilled head, a random head for tiny. Graphs as for every PARSE engine
+                      (the head's chain and extend, the verify with its aux capture). Lossless.
+  eagle3              SGLang's own EAGLE3 with the same head, topk 1, k = --eagle3-steps (graphs
+                      on a GPU)
+  (parse_head and eagle3 are in the default modes, not in --cpu-smoke's)
 With --share-engines (the default of --cpu-smoke, where --no-share-engines turns it off) ONE
 PARSE engine, at the largest L and with the probe judge on, serves every PARSE row through
 per-request settings (custom_params {"parse": {...}}, a smaller L as the request's draft_budget):
@@ -107,6 +117,7 @@ COLUMNS (one JSON object per row with --json; the table shows the main ones)
   mean_L                    the mean draft length L of the call's request-rounds (parse_adaptive:
                             the tiers it chose; server counters)
   verify_passes, graph_passes   server counter deltas over the timed call (PARSE)
+  head_rounds               request-rounds an EAGLE-3 head drafted (server counter delta; PARSE)
   graph_replayed            graph_passes == verify_passes > 0: every round replayed the draft
                             chain's and the verify's graphs (PARSE rows; null for others, whose
                             graph use SGLang does not count per call)
@@ -186,10 +197,13 @@ MODES = (
     "parse_likelihood",
     "draft_only",
     "parse_adaptive",
+    "parse_head",
+    "eagle3",
 )
+HEAD_MODES = ("parse_head", "eagle3")  # modes that need the pair's EAGLE-3 head
 JUDGE_MODES = ("parse_judge_accept", "parse_judge_reject", "parse_likelihood")
-PARSE_MODES = ("parse_lossless", *JUDGE_MODES, "parse_adaptive")
-LOSSLESS_MODES = ("parse_lossless", "parse_adaptive")
+PARSE_MODES = ("parse_lossless", *JUDGE_MODES, "parse_adaptive", "parse_head")
+LOSSLESS_MODES = ("parse_lossless", "parse_adaptive", "parse_head")
 # Every round of these drafts server_L + 1 steps: the cost model (verify_ms, --gpu-cost) holds for them.
 FIXED_L_MODES = ("parse_lossless", *JUDGE_MODES)
 ATTENTION_BACKENDS = ("triton", "flashinfer", "fa3", "torch_native")
@@ -199,6 +213,7 @@ DTYPES = ("bfloat16", "float16", "float32")
 REQUEST_SETTINGS = {
     "parse_lossless": {"judge": False},
     "parse_adaptive": {"judge": False},
+    "parse_head": {"judge": False},
     "parse_judge_accept": {"judge_mode": "probe", "threshold": 0.0},
     "parse_judge_reject": {"judge_mode": "probe", "threshold": 1.0},
 }
@@ -234,6 +249,7 @@ class Pair:
     prompts: list[list[int]]  # at least as many as the largest batch
     ignore_eos: bool
     load_format: str | None = None
+    head: str | None = None  # an EAGLE-3 head for the target (modes parse_head, eagle3)
 
     @property
     def max_position(self) -> int:
@@ -299,6 +315,37 @@ def weightless_pair(target_shape, draft_shape, cache_dir=None) -> tuple[Path, Pa
 
     folder = build_once(cache_root(cache_dir) / f"{target_shape.name}-dummy-{digest}", recipe, build)
     return folder / "target", folder / "draft"
+
+
+def weightless_head(target_dir: Path, cache_dir=None) -> Path:
+    """A one-layer EAGLE-3 head's config.json for the target at `target_dir` (its shape and
+    vocabulary, aux layers early / middle / late), no weights: what SGLang's dummy loader serves
+    beside the weightless target. Built once into the cache."""
+    import hashlib
+
+    from parse_sglang.model_cache import build_once, cache_root
+    from support.eagle3_head import default_aux_layers, head_config
+
+    target = json.loads((Path(target_dir) / "config.json").read_text())
+    config = head_config(target, default_aux_layers(target["num_hidden_layers"]), dtype="bfloat16")
+    digest = hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:12]
+
+    def build(work: Path) -> None:
+        (work / "head").mkdir()
+        (work / "head" / "config.json").write_text(json.dumps(config, indent=2))
+
+    return build_once(cache_root(cache_dir) / f"eagle3-head-dummy-{digest}", {"head": config}, build) / "head"
+
+
+def pair_head(pair: Pair, cache_dir=None) -> str:
+    """The pair's EAGLE-3 head (MODES: parse_head)."""
+    if pair.load_format == "dummy":
+        return str(weightless_head(Path(pair.target), cache_dir))
+    from support import eagle3_head
+
+    if pair.name == "synthetic":
+        return str(eagle3_head.build(cache_dir, log=lambda line: print(line, file=sys.stderr, flush=True)))
+    return str(eagle3_head.build_random_head(Path(tempfile.mkdtemp(prefix="gpu_serving_head_")), pair.target))
 
 
 def random_prompts(count: int, length: int, vocab: int, seed: int = 0) -> list[list[int]]:
@@ -424,6 +471,19 @@ def plan_engines(args, pair: Pair) -> list[EngineSpec]:
         config = parse_config_for(args, L, "parse_adaptive")
         row = RowSpec("parse_adaptive", L, request_settings(args, "parse_adaptive", L, L))
         plan.append(EngineSpec(f"PARSE adaptive L<={L}", parse_engine_kwargs(pair.draft, config), [row], L, config))
+    if "parse_head" in modes:  # the head is server-wide too
+        L = max(args.steps)
+        config = dataclasses.replace(
+            parse_config_for(args, L, "parse_adaptive"), eagle3_head=pair.head, eagle3_steps=args.eagle3_steps
+        )
+        row = RowSpec("parse_head", L, request_settings(args, "parse_head", L, L))
+        name = f"PARSE adaptive L<={L} + EAGLE-3 head k={args.eagle3_steps}"
+        plan.append(EngineSpec(name, parse_engine_kwargs(pair.draft, config), [row], L, config))
+    if "eagle3" in modes:
+        steps = args.eagle3_steps
+        settings = dict(speculative_algorithm="EAGLE3", speculative_draft_model_path=pair.head,
+                        speculative_num_steps=steps, speculative_eagle_topk=1, speculative_num_draft_tokens=steps + 1)  # fmt: skip
+        plan.append(EngineSpec(f"EAGLE3 k={steps}", settings, [RowSpec("eagle3", steps)], graphs=args.cuda))
     if "standalone" in modes:
         steps = args.standalone_steps
         plan.append(
@@ -579,7 +639,7 @@ def summarize(engine, pair: Pair, spec: EngineSpec, row: RowSpec, batch: int, ca
     tokens, after_first = sum(completions), sum(c - 1 for c in completions)
     delta = {
         k: call.after.get(k, 0) - call.before.get(k, 0)
-        for k in ("verify_passes", "graph_passes", "rounds", "verify_rows", "draft_length")
+        for k in ("verify_passes", "graph_passes", "rounds", "verify_rows", "draft_length", "head_rounds")
     }
     judged = sum((m.get("parse") or {}).get("accepted_judged", 0) for m in metas)
     if spec.config is not None:
@@ -612,6 +672,7 @@ def summarize(engine, pair: Pair, spec: EngineSpec, row: RowSpec, batch: int, ca
         "verify_rows_per_round": delta["verify_rows"] / delta["rounds"] if parse_row and delta["rounds"] else None,
         "mean_L": delta["draft_length"] / delta["rounds"] if parse_row and delta["rounds"] else None,
         "verify_passes": delta["verify_passes"] if parse_row else None,
+        "head_rounds": delta["head_rounds"] if parse_row else None,
         "graph_passes": delta["graph_passes"] if parse_row else None,
         "graph_replayed": (delta["verify_passes"] > 0 and delta["graph_passes"] == delta["verify_passes"])
         if parse_row
@@ -850,7 +911,7 @@ def plot(rows: list[dict], path: str, title: str) -> None:
 
     pairs = list(dict.fromkeys(r["pair"] for r in rows))
     fig, axes = plt.subplots(1, len(pairs), figsize=(6.5 * len(pairs), 5), squeeze=False)
-    markers = dict(zip(MODES, "sDo^v*xP"))
+    markers = dict(zip(MODES, "sDo^v*xPh<"))
     batches = sorted({r["batch"] for r in rows})
     colours = {b: plt.cm.viridis(i / max(len(batches) - 1, 1)) for i, b in enumerate(batches)}
     for ax, pair in zip(axes[0], pairs):
@@ -907,7 +968,7 @@ SMOKE = dict(
     max_new_tokens=16,
     probe_stride=2,
     # parse_adaptive's own engine would double the smoke's PARSE starts: --modes names it where wanted
-    modes=[m for m in MODES if m not in ("draft_only", "parse_adaptive")],
+    modes=[m for m in MODES if m not in ("draft_only", "parse_adaptive", *HEAD_MODES)],
     max_batch=4,
 )
 
@@ -926,6 +987,7 @@ def parse_args(argv=None):
     parser.add_argument("--steps", nargs="+", type=int, help="L of parse_lossless (default 4 8 16 32)")
     parser.add_argument("--judge-steps", nargs="+", type=int, help="L of the judge modes (default 8 32)")
     parser.add_argument("--standalone-steps", type=int, default=3, help="STANDALONE's --speculative-num-steps")
+    parser.add_argument("--eagle3-steps", type=int, default=3, help="head steps per round (parse_head, eagle3)")
     parser.add_argument("--probe-stride", type=int, help="Δ of the probe judge (default 8)")
     parser.add_argument(
         "--likelihood-threshold", type=float, default=DEFAULT_LIKELIHOOD_THRESHOLD, help="λ of parse_likelihood"
@@ -1038,7 +1100,7 @@ def parse_args(argv=None):
     args.all_L = sorted(
         set(args.steps if "parse_lossless" in parse_modes else [])
         | set(args.judge_steps if set(parse_modes) & set(JUDGE_MODES) else [])
-        | ({max(args.steps)} if "parse_adaptive" in parse_modes else set())
+        | ({max(args.steps)} if {"parse_adaptive", "parse_head"} & set(parse_modes) else set())
         | {1}
     )
     return args
@@ -1058,6 +1120,8 @@ def main(argv=None) -> int:
     rows = []
     for name in args.pairs:
         pair = load_pair(name, args, count)
+        if set(HEAD_MODES) & set(args.modes):
+            pair.head = pair_head(pair, args.cache_dir)
         rows += run_pair(args, pair, progress)
     derive(rows)
     if args.gpu_cost:

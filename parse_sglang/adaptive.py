@@ -4,12 +4,14 @@ settings and what it achieves are docs/adaptive.md.
 - `CostTable`: seconds of a round's draft part and of the rest, per (batch-size bucket, tier,
   verify rows), measured from the worker's own rounds or loaded from `profile_cost`.
 - `Acceptance` / `PooledAcceptance`: each request's survival curve of its accepted length, its
-  prior the server's pooled curve.
+  prior the server's pooled curve (one pair for PARSE's draft, one for an EAGLE-3 head's).
 - `Calibration`: P(a draft token is kept | the draft's confidence in it), over every request's
   unjudged rounds.
 - `AdaptiveDraftLength`: the `DraftLengthPolicy` choosing the tier with the most expected
   tokens per second, probing out of tier 0 when a drafting round may pay again, and, once the
-  drafts are on the host, where their verify stops (`verify_length`).
+  drafts are on the host, where their verify stops (`verify_length`). With an EAGLE-3 head
+  (`eagle3_head`) the head tier `HEAD` is one more choice beside tier 0 and the drafting tiers,
+  with its own cost cells and acceptance curves (docs/eagle3.md).
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ PRIOR_KEEP = 0.5  # the pooled keep rate of the first draft position before any 
 PROBE_OVERHEAD = 0.05  # what probes out of tier 0 may cost, as a share of the decode steps between them
 PROBE_AFTER = 8  # decode steps between probes while their costs are not known
 PROBE_BACKOFF_MAX = 32  # probes that keep finding nothing space out up to this factor
+HEAD = -1  # the tier of a head round (`eagle3_head`): the head's k drafts, a chain-only verify
 
 
 def bucket(batch_size: int) -> int:
@@ -72,6 +75,7 @@ class CostTable:
 
     draft: dict = field(default_factory=dict)  # (bucket, L) -> seconds to the drafts on the host
     rest: dict = field(default_factory=dict)  # (bucket, verify rows) -> seconds to the result on the host
+    head: dict = field(default_factory=dict)  # bucket -> seconds of a head round's draft part (its tier HEAD)
     fixed: bool = False
     _samples: dict = field(default_factory=dict)  # (cells, key) -> [warm-up, the last SAMPLES seconds]
 
@@ -79,7 +83,8 @@ class CostTable:
         if self.fixed:
             return
         b = bucket(batch_size)
-        for cells, key, value in ((self.draft, (b, tier), draft_s), (self.rest, (b, rows), rest_s)):
+        drafted = (self.head, b) if tier == HEAD else (self.draft, (b, tier))
+        for cells, key, value in ((*drafted, draft_s), (self.rest, (b, rows), rest_s)):
             samples = self._samples.setdefault((id(cells), key), [])
             samples.append(value)
             if len(samples) == 1:  # the warm-up round: not counted
@@ -93,10 +98,18 @@ class CostTable:
         nearest bucket that can (the larger on a tie); None where no bucket can yet. Tier 0 (decode
         steps) is priced from tier-0 rounds only, the nearest bucket's that ran one: drafting
         rounds carry a draft chain, a judge and the drafts' trip that a decode step lacks, so
-        extrapolating their cells down to L = 0 and one row priced it at several times its cost."""
+        extrapolating their cells down to L = 0 and one row priced it at several times its cost.
+        The head tier is priced from head rounds, the nearest bucket's that ran one; before any
+        ran, as a tier-0 round of its rows (a head round's cheapest: a cost that lets it be tried)."""
         b = bucket(batch_size)
         nearest = sorted({bb for bb, _ in self.draft} | {bb for bb, _ in self.rest} | {b},
                          key=lambda bb: (abs(bb.bit_length() - b.bit_length()), -bb))  # fmt: skip
+        if tier == HEAD:
+            for bb in sorted(self.head, key=lambda bb: (abs(bb.bit_length() - b.bit_length()), -bb)):
+                rest = _interpolate({r: s for (c, r), s in self.rest.items() if c == bb}, rows)
+                if rest is not None:
+                    return self.head[bb] + rest
+            tier = 0
         if tier == 0:
             ran = next((bb for bb in nearest if (bb, 0) in self.draft and (bb, rows) in self.rest), None)
             if ran is not None:
@@ -110,12 +123,14 @@ class CostTable:
 
     def measured_tiers(self, batch_size: int) -> set[int]:
         """Tiers whose draft cost in this bucket rests on at least EXPLORE_SAMPLES rounds (all
-        of a loaded table's)."""
+        of a loaded table's), HEAD among them."""
         b = bucket(batch_size)
+        cells = [(self.draft, (bb, L), L) for (bb, L) in self.draft if bb == b]
+        cells += [(self.head, b, HEAD)] if b in self.head else []
         return {
-            L
-            for (bb, L) in self.draft
-            if bb == b and (self.fixed or len(self._samples.get((id(self.draft), (bb, L)), ())) > EXPLORE_SAMPLES)
+            tier
+            for table, key, tier in cells
+            if self.fixed or len(self._samples.get((id(table), key), ())) > EXPLORE_SAMPLES
         }
 
     def explored(self) -> bool:
@@ -127,6 +142,7 @@ class CostTable:
         return {
             "draft": [{"bucket": b, "L": L, "seconds": s} for (b, L), s in sorted(self.draft.items())],
             "rest": [{"bucket": b, "rows": r, "seconds": s} for (b, r), s in sorted(self.rest.items())],
+            "head": [{"bucket": b, "seconds": s} for b, s in sorted(self.head.items())],
         }
 
     @classmethod
@@ -137,6 +153,7 @@ class CostTable:
             table = cls(
                 draft={(int(c["bucket"]), int(c["L"])): float(c["seconds"]) for c in raw["draft"]},
                 rest={(int(c["bucket"]), int(c["rows"])): float(c["seconds"]) for c in raw["rest"]},
+                head={int(c["bucket"]): float(c["seconds"]) for c in raw.get("head", ())},
                 fixed=True,
             )
         except (OSError, ValueError, KeyError, TypeError) as err:
@@ -154,7 +171,8 @@ class CostTable:
         for b in sorted({bb for bb, _ in self.draft} | {bb for bb, _ in self.rest}):
             draft = ", ".join(f"L={L}: {s * 1e3:.1f}" for (bb, L), s in sorted(self.draft.items()) if bb == b)
             rest = ", ".join(f"{r} rows: {s * 1e3:.1f}" for (bb, r), s in sorted(self.rest.items()) if bb == b)
-            lines.append(f"batch <= {b}: draft ms [{draft}]; verify and the rest ms [{rest}]")
+            head = f"; head draft ms {self.head[b] * 1e3:.1f}" if b in self.head else ""
+            lines.append(f"batch <= {b}: draft ms [{draft}]; verify and the rest ms [{rest}]{head}")
         return "\n".join(lines) or "(no cell measured yet)"
 
 
@@ -323,12 +341,16 @@ class AdaptiveDraftLength(DraftLengthPolicy):
 
     per_round = True
 
-    def __init__(self, tiers: Sequence[int], costs: CostTable):
+    def __init__(self, tiers: Sequence[int], costs: CostTable, head_steps: Optional[int] = None):
         self.tiers = sorted(set(tiers))
         self.costs = costs
         self.pooled = PooledAcceptance(longest=self.tiers[-1])
-        self._zero_streak = 0  # tier-0 decode steps since the last round that drafted
+        self.head_steps = head_steps  # k of an EAGLE-3 head (the tier HEAD); None: no head
+        self.head_pooled = PooledAcceptance(longest=head_steps or 0)  # the head's pooled curve
+        self._zero_streak = 0  # verify passes of tier 0 and head rounds since the last round that drafted
+        self._head_streak = 0  # tier-0 decode steps since the last head round
         self._backoff = 1  # probes out of tier 0 space out by this factor while they do not pay
+        self._head_backoff = 1  # ... and the head's probes out of tier 0
         self._break_even = None  # tokens per request this round must emit to beat tier 0 in its time
         self._typical = Acceptance()  # no rounds of its own: the pooled curve's expectations
         self._clock = {}  # this round's host times at its crossings (its measured costs)
@@ -337,26 +359,36 @@ class AdaptiveDraftLength(DraftLengthPolicy):
 
     @classmethod
     def of(cls, config) -> "AdaptiveDraftLength":
-        """The controller of an adaptive server's `ParseConfig`: its tiers, and its cost table
-        (loaded from `cost_table`, else measured online), logged."""
+        """The controller of an adaptive server's `ParseConfig`: its tiers (and the head's, with
+        `eagle3_head`), and its cost table (loaded from `cost_table`, else measured online), logged."""
         costs = CostTable.load(config.cost_table) if config.cost_table else CostTable()
         logger.info(
-            "PARSE adaptive draft length, tiers %s; costs %s:\n%s",
+            "PARSE adaptive draft length, tiers %s%s; costs %s:\n%s",
             list(config.tiers),
+            f" and head rounds of {config.eagle3_steps}" if config.eagle3_head else "",
             "loaded from " + config.cost_table if costs.fixed else "measured online",
             costs.describe(),
         )
-        return cls(config.tiers, costs)
+        return cls(config.tiers, costs, config.eagle3_steps if config.eagle3_head else None)
 
     def acceptance(self, req) -> Acceptance:
+        """The request's curve of PARSE's draft."""
         state = state_of(req)
         if state.acceptance is None:
             state.acceptance = Acceptance()
         return state.acceptance
 
+    def head_acceptance(self, req) -> Acceptance:
+        """The request's curve of the head's drafts."""
+        state = state_of(req)
+        if state.head_acceptance is None:
+            state.head_acceptance = Acceptance()
+        return state.head_acceptance
+
     def choose(self, reqs, policies, rows_of, steps: int = 1) -> int:
-        """The tier of this round: reqs and their `RequestPolicy`s; rows_of(tier) -> the verify
-        rows of the batch at that tier; steps: the decode steps a tier-0 round of it would run."""
+        """The tier of this round (HEAD: a head round): reqs and their `RequestPolicy`s;
+        rows_of(tier) -> the verify rows of the batch at a drafting tier; steps: the decode steps
+        a tier-0 round of it would run."""
         self._clock = {"start": time.perf_counter()}
         self._tier = tier = self._best_tier(reqs, policies, rows_of, steps)
         self._break_even = self._break_even_of(len(reqs), tier, rows_of) if tier else None
@@ -382,6 +414,22 @@ class AdaptiveDraftLength(DraftLengthPolicy):
                 best, best_rate = length, rate
         return best
 
+    def _rows(self, tier: int, rows_of) -> int:
+        """Verify rows per request at a tier: a head round's are its k + 1 chain rows."""
+        return self.head_steps + 1 if tier == HEAD else rows_of(tier)
+
+    def _expected_tokens(self, tier: int, reqs, policies, steps: int) -> float:
+        """Tokens the batch emits in a round at `tier` (a tier-0 round's `steps` decode steps), by
+        each request's acceptance curve, its drafts capped at what it can keep (`reach`)."""
+        if tier == 0:
+            return sum(steps if p.left is None else min(steps, p.left) for p in policies)
+        curve, pooled, k = (
+            (self.head_acceptance, self.head_pooled, self.head_steps)
+            if tier == HEAD
+            else (self.acceptance, self.pooled, tier)
+        )
+        return sum(1 + curve(req).expected(reach(p, k), pooled) for req, p in zip(reqs, policies))
+
     def _best_tier(self, reqs, policies, rows_of, steps: int) -> int:
         bs = len(reqs)
         measured = self.costs.measured_tiers(bs)
@@ -391,44 +439,53 @@ class AdaptiveDraftLength(DraftLengthPolicy):
             first = next((t for t in self.tiers if t > 0), self.tiers[0])
             return first if first not in measured else self.tiers[0]
         rates = {}
-        for tier in self.tiers:
-            cost = self.costs.cost(bs, tier, rows_of(tier), steps if tier == 0 else 1)
+        for tier in self.tiers + ([HEAD] if self.head_steps else []):
+            cost = self.costs.cost(bs, tier, self._rows(tier, rows_of), steps if tier == 0 else 1)
             if cost is not None and cost > 0:
-                if tier == 0:
-                    tokens = sum(steps if p.left is None else min(steps, p.left) for p in policies)
-                else:
-                    tokens = sum(1 + self.acceptance(req).expected(min(tier, p.budget), self.pooled)
-                                 for req, p in zip(reqs, policies))  # fmt: skip
-                rates[tier] = tokens / cost
+                rates[tier] = self._expected_tokens(tier, reqs, policies, steps) / cost
         best = max(rates, key=lambda t: (rates[t], -t)) if rates else self.tiers[0]  # ties: the shorter tier
-        probe = self._probe_due(bs, rows_of) if best == 0 else None  # a probe replaces a tier-0 round only
+        probe = (
+            self._probe_due(bs, rows_of, best) if best <= 0 else None
+        )  # a probe replaces a round that drafts nothing
         if probe is not None:
             return probe
         # A tier priced from other cells that comes close to the best: measure it here.
         close = [t for t in rates if t not in measured and rates[t] >= EXPLORE_MARGIN * rates[best]]
         return max(close, key=lambda t: (rates[t], -t)) if close and not self.costs.fixed else best
 
-    def _probe_due(self, bs: int, rows_of) -> Optional[int]:
-        """The shortest drafting tier once tier 0 has run long enough that the loss of one round
+    def _probe_due(self, bs: int, rows_of, best: int = 0) -> Optional[int]:
+        """A probe, in place of a round that drafts nothing (tier 0, or a head round: `best`): the
+        shortest drafting tier once such rounds have run long enough that the loss of one round
         of it (its cost in decode steps less the tokens per request it emits if it keeps what the
-        pooled curve expects) is at most PROBE_OVERHEAD of the decode steps since the last
+        pooled curve expects) is at most PROBE_OVERHEAD of their verify passes since the last
         drafting round (times the backoff): a request kept at tier 0 shows no acceptance, and
-        drafts improve, or a bad stretch of text ends."""
+        drafts improve, or a bad stretch of text ends. From tier 0 a head round is probed the
+        same way (its own streak and backoff)."""
         drafting = [t for t in self.tiers if t > 0]
-        if self.tiers[0] != 0 or not drafting or not self._zero_streak:
-            return None
-        break_even = self._break_even_of(bs, drafting[0], rows_of)
-        if break_even is None:
-            steps = PROBE_AFTER
-        else:
-            loss = break_even - 1 - self._typical.expected(drafting[0], self.pooled)  # in decode steps
-            steps = math.ceil(max(loss, 0) / PROBE_OVERHEAD)
-        return drafting[0] if self._zero_streak >= max(steps, 1) * self._backoff else None
+        candidates = []
+        if self.tiers[0] == 0 and drafting:
+            candidates.append(
+                (drafting[0], self._zero_streak, self._backoff, self._typical.expected(drafting[0], self.pooled))
+            )
+        if best == 0 and self.head_steps:
+            candidates.append(
+                (HEAD, self._head_streak, self._head_backoff, self._typical.expected(self.head_steps, self.head_pooled))
+            )
+        due = {}  # tier -> how many times over its probe is due
+        for tier, streak, backoff, keeps in candidates:
+            break_even = self._break_even_of(bs, tier, rows_of)
+            if break_even is None:
+                steps = PROBE_AFTER
+            else:
+                steps = math.ceil(max(break_even - 1 - keeps, 0) / PROBE_OVERHEAD)  # the loss in decode steps
+            due[tier] = streak / (max(steps, 1) * backoff)
+        tier = max(due, key=due.get, default=None)  # the most overdue: one kind's probes never starve the other's
+        return tier if tier is not None and due[tier] >= 1 else None
 
     def _break_even_of(self, bs: int, tier: int, rows_of) -> Optional[float]:
         """Tokens per request a round at `tier` must emit to beat tier 0's decode steps in its
         time: its cost in decode steps (None while either cost is unknown)."""
-        zero, cost = self.costs.cost(bs, 0, rows_of(0)), self.costs.cost(bs, tier, rows_of(tier))
+        zero, cost = self.costs.cost(bs, 0, rows_of(0)), self.costs.cost(bs, tier, self._rows(tier, rows_of))
         return cost / zero if zero and cost else None
 
     def drafts_on_host(self) -> None:
@@ -445,22 +502,40 @@ class AdaptiveDraftLength(DraftLengthPolicy):
         return {"cost_table": self.costs.to_json()}
 
     def observe(self, reqs, tier: int, rows: int, plan, result, draft_s: float, rest_s: float, steps: int = 1) -> None:
-        """After a round (of `steps` verify passes: a tier-0 round's decode steps): its costs, the
-        rest per pass, and each request's acceptance (host plan and result)."""
+        """After a round (of `steps` verify passes: a tier-0 round's decode steps; HEAD: a head
+        round): its costs, the rest per pass, and each request's acceptance (host plan and result)."""
         self.costs.observe(len(reqs), tier, rows, draft_s, rest_s / steps)
         if tier == 0:
             self._zero_streak += steps
+            self._head_streak += steps
             return
+        curve, pooled = (self.head_acceptance, self.head_pooled) if tier == HEAD else (self.acceptance, self.pooled)
         emitted = []
         for req, drafted, accepted in zip(reqs, plan.draft_lens.tolist(), result.lengths):
             if drafted:
-                self.acceptance(req).observe(drafted, accepted)
-                self.pooled.observe(drafted, accepted)
+                curve(req).observe(drafted, accepted)
+                pooled.observe(drafted, accepted)
                 emitted.append(1 + accepted)
+        paid = emitted and statistics.mean(emitted) > (self._break_even or 1.0)
+        if tier == HEAD:  # a round that drafts nothing of PARSE's: the drafting probes' streak goes on
+            self._head_backoff = 1 if paid else min(2 * self._head_backoff, PROBE_BACKOFF_MAX)
+            self._zero_streak += 1
+            self._head_streak = 0
+            return
         exact = ~plan.judged  # what exact match keeps (what the verify's cut predicts): unjudged rounds
         self.calibration.observe(plan.confidence[exact], plan.draft_lens[exact], torch.tensor(result.lengths)[exact])
-        if emitted and statistics.mean(emitted) > (self._break_even or 1.0):
+        if paid:
             self._backoff = 1  # drafting paid for itself: a batch that falls to tier 0 next probes soon
         elif self._zero_streak:  # a round after tier 0 (a probe, or a new batch's) that did not: probes space out
             self._backoff = min(2 * self._backoff, PROBE_BACKOFF_MAX)
         self._zero_streak = 0
+
+
+def reach(policy, tier: int) -> int:
+    """Draft tokens a request can keep in a round of `tier`: its budget, and in a target phase
+    (target_phase.py) what is left of the phase less the round's bonus (the phase's run is cut
+    where it ends)."""
+    keep = min(tier, policy.budget)
+    if policy.phase is not None:
+        keep = min(keep, max(policy.config.probe_stride - len(policy.phase) - 1, 0))
+    return keep

@@ -1,7 +1,7 @@
-"""An EAGLE-3 head on the target (`eagle3_head`, `eagle3_steps` = k): an adaptive server's tier-0
-rounds, where the target would otherwise run alone, run as head rounds: the head drafts k
-tokens, PARSE's chain-only window verifies them with SGLang's exact rules, and the head's KV is
-extended after EVERY round over what it emitted (docs/eagle3.md).
+"""An EAGLE-3 head on the target (`eagle3_head`, `eagle3_steps` = k): head rounds are a tier of an
+adaptive server's controller (`adaptive.HEAD`), run where they beat the target alone and PARSE's
+drafting: the head drafts k tokens, PARSE's chain-only window verifies them with SGLang's exact
+rules, and the head's KV is extended after EVERY round over what it emitted (docs/eagle3.md).
 
 `HeadChain` is SGLang's `EagleDraftWorker` for the head (its own model, its KV pool over the
 target's slot table, its draft chain and extends), built while the draft path and step counts
@@ -13,12 +13,14 @@ inputs exist only during that forward). The next round's head input (the head's 
 last emitted token, and its hidden state there) travels on the `EagleDraftInput` SGLang carries
 per request.
 
-Not yet (refused by name): CUDA graphs for the head and the verify's captured hidden states,
-tensor parallelism, PD disaggregation, rejection sampling, a head with a reduced vocabulary.
+Under graphs (`init_cuda_graphs`) the head's chain replays SGLang's EAGLE draft graph and the
+target's verify graphs capture the aux states. Not yet (refused by name): tensor parallelism,
+PD disaggregation, rejection sampling, a head with a reduced vocabulary.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import logging
@@ -29,6 +31,7 @@ from sglang.srt.layers.logits_processor import LogitsProcessorOutput
 from sglang.srt.managers.utils import GenerationBatchResult
 from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardMode
 from sglang.srt.runtime_context import get_context, get_spec
+from sglang.srt.speculative.eagle_draft_cuda_graph_runner import EAGLEDraftCudaGraphRunner
 from sglang.srt.speculative.eagle_info import EagleDraftInput
 from sglang.srt.speculative.eagle_worker_common import prepare_for_draft
 from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker
@@ -74,7 +77,6 @@ def head_aux_layers(path: str, target_config, target_model, server_args, rejecti
     if not hasattr(target_model, "set_eagle3_layers_to_capture"):
         raise ValueError(f"{where}: the target {type(target_model).__name__} cannot capture EAGLE-3 hidden states")
     refusals = {
-        "CUDA graphs (pass --disable-cuda-graph)": not server_args.disable_cuda_graph and server_args.device != "cpu",
         "tensor parallelism": (server_args.tp_size or 1) > 1,
         "PD disaggregation": server_args.disaggregation_mode not in (None, "null"),
         "--speculative-use-rejection-sampling": rejection_sampling,
@@ -96,18 +98,25 @@ class HeadChain:
         # the target captures the head's aux states from its attention backends on (configured after this)
         runner.spec_aux_config.eagle_use_aux_hidden_state = True
         runner.spec_aux_config.eagle_aux_hidden_state_layer_ids = layers
-        restore = {name: getattr(spec, name) for name in
-                   ("speculative_draft_model_path", "speculative_num_steps", "speculative_num_draft_tokens")}  # fmt: skip
         # SGLang's draft worker reads the draft path and step counts from the speculative config
-        get_context().override("parse.eagle3_head", speculative_draft_model_path=path, speculative_num_steps=steps,
-                               speculative_num_draft_tokens=steps + 1)  # fmt: skip
-        try:
+        self._names = dict(speculative_draft_model_path=path, speculative_num_steps=steps,
+                           speculative_num_draft_tokens=steps + 1)  # fmt: skip
+        with self._as_the_draft():
             self.worker = EagleDraftWorker(server_args, gpu_id, nccl_port, target_worker)
-        finally:
-            get_context().override("parse.eagle3_head", **restore)
         self.worker.speculative_algorithm = SpeculativeAlgorithm.EAGLE3  # its lm_head and token map branches
         self.steps = steps
         logger.info("PARSE EAGLE-3 head %s: %d steps, target aux layers %s", path, steps, layers)
+
+    @contextlib.contextmanager
+    def _as_the_draft(self):
+        """SGLang's speculative config naming the head (its path, k and k + 1), restored after."""
+        spec = get_spec()
+        restore = {name: getattr(spec, name) for name in self._names}
+        get_context().override("parse.eagle3_head", **self._names)
+        try:
+            yield
+        finally:
+            get_context().override("parse.eagle3_head", **restore)
 
     def alloc_memory_pool(self, memory_pool_config, req_to_token_pool, token_to_kv_pool_allocator) -> None:
         self.worker.alloc_memory_pool(memory_pool_config, req_to_token_pool, token_to_kv_pool_allocator)
@@ -115,8 +124,17 @@ class HeadChain:
     def init_attention_backends(self) -> None:
         self.worker.init_attention_backends()
 
-    def init_cuda_graphs(self) -> None:
-        self.worker.init_cuda_graphs()  # eager runners (graphs are refused with a head)
+    def init_cuda_graphs(self, target_graphed: bool) -> None:
+        """SGLang's EAGLE draft graphs for the head where the target's verify is graphed: its
+        k-step chain, and on a GPU its extend at k + 1 rows (a head round's: the extend runner
+        replays only batches of its captured width, other rounds' extends run eagerly), captured
+        while the speculative config names the head's step counts. SGLang's worker skips both
+        on a CPU device; there (the CPU graph stand-in, which replays draft chains but no draft
+        extend) the chain's runner is built here as SGLang builds it on a GPU."""
+        with self._as_the_draft():
+            self.worker.init_cuda_graphs()
+            if target_graphed and self.worker.cuda_graph_runner is None:
+                self.worker.cuda_graph_runner = EAGLEDraftCudaGraphRunner(self.worker)
 
     def prefill(self, batch, aux: torch.Tensor, next_token_ids: torch.Tensor) -> EagleDraftInput:
         """The head over a prefill batch (`aux` [tokens, K*H] every prompt row's): the request's
@@ -125,30 +143,35 @@ class HeadChain:
         carried.bonus_tokens = next_token_ids.to(torch.int64)
         return carried
 
-    def draft(self, batch, committed, req_to_token_pool) -> torch.Tensor:
-        """[bs, k] the head's chain from each request's carried input (batch.spec_info);
-        batch.seq_lens must be the committed lengths."""
+    def draft(self, batch, committed, req_to_token_pool) -> tuple[torch.Tensor, bool]:
+        """([bs, k] the head's chain from each request's carried input (batch.spec_info), whether
+        it replayed the chain's graph); batch.seq_lens must be the committed lengths."""
         carried = batch.spec_info
         draft_input = EagleDraftInput(topk_p=carried.topk_p, topk_index=carried.topk_index,
                                       hidden_states=carried.hidden_states, capture_hidden_mode=CaptureHiddenMode.LAST)  # fmt: skip
         batch.forward_mode = ForwardMode.DECODE
         batch.spec_info = draft_input
         batch.input_ids = committed.last_tokens
-        forward_batch, _, _ = prepare_for_draft(draft_input, req_to_token_pool, batch, None, self.worker.draft_runner,
-                                                1, self.steps)  # fmt: skip
+        graph = self.worker.cuda_graph_runner  # SGLang's k-step chain graph (None: eager)
+        forward_batch, runs, _ = prepare_for_draft(draft_input, req_to_token_pool, batch, graph,
+                                                   self.worker.draft_runner, 1, self.steps)  # fmt: skip
+        graphed = bool(runs)
         forward_batch.return_logprob = False
-        self.worker.draft_attn_backend.init_forward_metadata(forward_batch)
-        forward_batch.mark_forward_metadata_ready()
-        _, _, tokens, _ = self.worker.draft_forward(forward_batch)
-        return tokens.reshape(len(batch.reqs), -1)[:, : self.steps].to(torch.int64)  # [bs, k]
+        if graphed:
+            _, _, tokens, _ = graph.execute(forward_batch)
+        else:
+            self.worker.draft_attn_backend.init_forward_metadata(forward_batch)
+            forward_batch.mark_forward_metadata_ready()
+            _, _, tokens, _ = self.worker.draft_forward(forward_batch)
+        return tokens.reshape(len(batch.reqs), -1)[:, : self.steps].to(torch.int64), graphed  # [bs, k]
 
-    def extend(self, batch, committed, req_to_token, window, accepted, aux: torch.Tensor, carried) -> None:
+    def extend(self, batch, committed, req_to_token, aux: torch.Tensor, accepted, carried) -> None:
         """The head over a round's chain rows (row j: the target's aux states there and the token
         the round emitted after it; rows past the kept ones write KV the next round overwrites),
         then `carried` (the round's next_draft_input) gets the head's input at the last emitted
-        token. aux: [bs * window rows, K*H], the verify's every row."""
-        bs, width = len(batch.reqs), window.chain_rows
-        chain_aux = aux.view(bs, window.shape.rows, -1)[:, :width].reshape(bs * width, -1)  # [bs * (L+1), K*H]
+        token. aux: [bs, width, K*H], the verify's chain rows (a tier-0 round's: its decode steps')."""
+        bs, width = aux.shape[0], aux.shape[1]
+        chain_aux = aux.reshape(bs * width, -1)  # [bs * width, K*H]
         self.worker.speculative_num_draft_tokens = width
         set_lengths(batch, committed)
         batch.out_cache_loc = window_slots(req_to_token, committed, width)  # the chain rows' slots

@@ -13,7 +13,11 @@ server arguments are resolved) this module computes, logs and bounds what that c
 - the draft chains' multi-step KV-index buffers: (L + 2) * max_bs * context_len int32 per draft
   length L (one, or one per adaptive tier);
 - the graphs' shared logits buffer, fp32 x vocabulary: max_bs * (L + 1 + K_max) rows, the rows
-  PARSE reads (scheduler_patches/verify_graph.py; SGLang alone would reserve max_bs * N_max).
+  PARSE reads (scheduler_patches/verify_graph.py; SGLang alone would reserve max_bs * N_max);
+- with an EAGLE-3 head (`eagle3_head`, k steps): the verify graphs' aux hidden-state buffers,
+  max_bs * N * (K aux layers x hidden) of the model's dtype per captured width N (the head reads
+  them), and the head's k-step chain and (k + 1)-row extend KV indices, (2k + 1) * max_bs *
+  context_len int32 (its head-round verify width k + 1 is among the widths above).
 
 SGLang prices none of these (its graph reserve is ~2 MB per captured request), so they come
 out of the memory it leaves outside its static pool, GPU memory x (1 - mem_fraction_static).
@@ -36,6 +40,9 @@ class GraphReservations:
     draft_steps: tuple[int, ...]  # L + 2 of every draft chain
     context_len: int
     vocab_size: int
+    head_steps: int = 0  # k of an EAGLE-3 head (0: none)
+    aux_width: int = 0  # K * hidden: the aux hidden states a head reads per verify row
+    dtype_bytes: int = 2  # of the target's activations
 
     @property
     def verify_kv_indices(self) -> int:
@@ -50,6 +57,14 @@ class GraphReservations:
         return sum(self.draft_steps) * self.max_bs * self.context_len * 4
 
     @property
+    def head(self) -> int:
+        """An EAGLE-3 head's: the verify graphs' aux buffers, its chain's and extend's KV indices."""
+        if not self.head_steps:
+            return 0
+        aux = self.max_bs * sum(self.verify_widths) * self.aux_width * self.dtype_bytes
+        return aux + (2 * self.head_steps + 1) * self.max_bs * self.context_len * 4
+
+    @property
     def logits(self) -> int:
         return self.max_bs * self.read_rows * self.vocab_size * 4
 
@@ -60,7 +75,7 @@ class GraphReservations:
 
     @property
     def total(self) -> int:
-        return self.verify_kv_indices + self.verify_custom_mask + self.draft_kv_indices + self.logits
+        return self.verify_kv_indices + self.verify_custom_mask + self.draft_kv_indices + self.logits + self.head
 
     def describe(self) -> str:
         parts = {
@@ -69,6 +84,8 @@ class GraphReservations:
             "draft-chain KV indices": self.draft_kv_indices,
             "logits": self.logits,
         }
+        if self.head_steps:
+            parts["EAGLE-3 head"] = self.head
         listed = ", ".join(f"{name} {size / MIB:.0f} MiB" for name, size in parts.items())
         return (
             f"{self.total / MIB:.0f} MiB ({listed}; max_bs={self.max_bs}, N_max={self.window_rows}, "

@@ -24,6 +24,7 @@ class RequestState:
     resolved: Optional[ResolvedRequest] = None  # None until its first round
     stats: Optional[dict] = None  # its meta_info["parse"] counters (counters.py); None until its first round
     acceptance: Optional[object] = None  # adaptive.Acceptance: its accepted lengths so far (an adaptive server's)
+    head_acceptance: Optional[object] = None  # adaptive.Acceptance of its head rounds (`eagle3_head`)
     target_phase: Optional[list] = None  # tokens of its current target phase (target_phase.py); None: not in one
     draft_behind: int = 0  # committed tokens whose draft KV tier-0 rounds skipped (draft_chain.py)
 

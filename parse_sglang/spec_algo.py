@@ -16,7 +16,9 @@ record of its resolution pipeline:
 
 from __future__ import annotations
 
+import json
 import logging
+from pathlib import Path
 
 from sglang.srt.arg_groups.overrides import resolving_view
 from sglang.srt.environ import envs
@@ -219,6 +221,16 @@ def _geometry(cfg, config: ParseConfig) -> WindowGeometry:
     return WindowGeometry.of_server(config, cfg.tokenizer_path or cfg.model_path, bool(cfg.trust_remote_code))
 
 
+def _head_aux_count(path: str) -> int:
+    """The aux layers an EAGLE-3 head reads (0: no head, or a checkpoint the worker refuses by name)."""
+    try:
+        return len(
+            json.loads((Path(path) / "config.json").read_text())["eagle_config"]["eagle_aux_hidden_state_layer_ids"]
+        )
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0
+
+
 def _bound_graph_memory(sa, config, graph_max_bs) -> None:
     """Log what PARSE's CUDA graphs reserve and refuse a configuration that does not fit."""
     from sglang.srt.utils.common import get_device_memory_capacity
@@ -235,6 +247,9 @@ def _bound_graph_memory(sa, config, graph_max_bs) -> None:
         draft_steps=tuple(length + 2 for length in config.chain_lengths),
         context_len=sa.context_length or get_context_length(text_config),
         vocab_size=text_config.vocab_size,
+        head_steps=config.eagle3_steps if config.eagle3_head else 0,
+        aux_width=_head_aux_count(config.eagle3_head) * text_config.hidden_size,
+        dtype_bytes=4 if sa.dtype == "float32" else 2,
     )
     logger.info("PARSE CUDA-graph reservations: %s", reservations.describe())
     device_mib = get_device_memory_capacity(sa.device)

@@ -32,9 +32,10 @@ Conventions this worker keeps with SGLang's scheduler (sync V2 schema, no overla
   `adaptive` the tier `adaptive.AdaptiveDraftLength` chooses for the batch, from the costs it measured at the round's host/device crossings and
   the acceptance it saw. Tier 0 (`_decode_steps`): up to `tier0_steps` plain decode steps back
   to back on the device, the draft idle, the result on the host once.
-- With an EAGLE-3 head (`eagle3_head`, parse_sglang/eagle3_head.py) tier 0 runs as head rounds
-  (`_head_round`: the head's k drafts, a chain-only verify, exact acceptance), every verify and
-  prefill captures the target's aux states, and `_result` extends the head after every round.
+- With an EAGLE-3 head (`eagle3_head`, parse_sglang/eagle3_head.py) the controller's tier `HEAD`
+  runs head rounds (`_head_round`: the head's k drafts, a chain-only verify, exact acceptance)
+  beside tier 0 and the drafting tiers, every verify and prefill captures the target's aux states,
+  and `_result` extends the head after every round over what it emitted.
 - Output: `next_token_ids` is [bs * (L+1)], request i's emitted tokens d_1..d_a, t_a at
   i*(L+1) .. i*(L+1)+a; `accept_lens` = a + 1 (bonus included).
 - The exact part of acceptance is SGLang's own chain verification (`eagle_sample` on the
@@ -64,7 +65,7 @@ from sglang.srt.speculative.base_spec_worker import BaseSpecWorker
 from sglang.srt.speculative.eagle_utils import default_tree_mask_mode
 
 from parse_sglang.acceptance import Accepted, round_result
-from parse_sglang.adaptive import AdaptiveDraftLength
+from parse_sglang.adaptive import HEAD, AdaptiveDraftLength
 from parse_sglang.attention.window import FullMaskBuffer, WindowGeometry, shape_constants
 from parse_sglang.boundaries import TokenTexts
 from parse_sglang.counters import ServerTotals, record_round_stats
@@ -160,7 +161,7 @@ class ParseWorker(BaseSpecWorker):
         committed = Committed.of(batch, self.device)
         policies = [request_policy(req, self.config) for req in batch.reqs]
         length, steps = self._draft_length(batch, policies)  # L: the server's, or the adaptive tier
-        if length == 0 and self.head:  # tier 0 with a head: its k drafts, verified exactly
+        if length == HEAD:  # the EAGLE-3 head's k drafts, verified exactly
             return self._head_round(batch, committed, policies)
         if length == 0:  # tier 0: plain decode steps, the draft idle
             return self._decode_steps(batch, committed, policies, steps)
@@ -170,23 +171,27 @@ class ParseWorker(BaseSpecWorker):
         accepted = self._accept(batch, committed, window, chain_logits, probe_logits, draft.proposals)  # 7.-8.
         accepted = self.tp.share_accepted(accepted)  # TP: rank 0's decisions on every rank
         graphed = draft.graphed and verify_graphed
-        self._record(batch.reqs, window, accepted, graphed)  # counters, target phases
-        return self._result(batch, committed, window, accepted, chain_logits, graphed)  # 9. SGLang commits
+        result = self._result(batch, committed, window, accepted, chain_logits, graphed)  # 9. SGLang commits
+        self._record(batch.reqs, window, accepted, graphed)  # counters, target phases, the round's costs
+        return result
 
     def _head_round(self, batch: ScheduleBatch, committed: Committed, policies) -> GenerationBatchResult:
-        """Tier 0 on a server with an EAGLE-3 head: the head's k drafts from each request's
-        carried input, one chain-only verify (no judge: the head runs the target's own text),
-        SGLang's exact acceptance; the PARSE draft idles over what it emits."""
+        """The tier HEAD: the EAGLE-3 head's k drafts from each request's carried input, one
+        chain-only verify (no judge: the head drafts the target's own text, a target phase's
+        included), SGLang's exact acceptance; the PARSE draft idles over what it emits."""
         set_lengths(batch, committed)
-        drafts = self.head.draft(batch, committed, self.req_to_token_pool)  # [bs, k]
+        drafts, head_graphed = self.head.draft(batch, committed, self.req_to_token_pool)  # [bs, k]
         exact = [dataclasses.replace(p, judged=False) for p in policies]
-        window = self._plan_window(committed, drafts, torch.ones_like(drafts, dtype=torch.float32), exact)
-        chain_logits, probe_logits, graphed = self._verify(batch, committed, window)
+        no_confidence = torch.ones_like(drafts, dtype=torch.float32)  # the verify is never cut
+        window = self._plan_window(committed, drafts, no_confidence, exact, cut=False)
+        chain_logits, probe_logits, verify_graphed = self._verify(batch, committed, window)
         accepted = self._accept(batch, committed, window, chain_logits, probe_logits, None)
         accepted = self.tp.share_accepted(accepted)
+        graphed = head_graphed and verify_graphed
+        result = self._result(batch, committed, window, accepted, chain_logits, graphed)
         lengths = self._record(batch.reqs, window, accepted, graphed, head=True)
         self._draft_worker.idle(batch.reqs, [kept + 1 for kept in lengths])
-        return self._result(batch, committed, window, accepted, chain_logits, graphed)
+        return result
 
     def _draft_length(self, batch: ScheduleBatch, policies) -> tuple[int, int]:
         """The round's L: the server's, or the tier the adaptive controller chooses (rank 0's
@@ -227,7 +232,7 @@ class ParseWorker(BaseSpecWorker):
         no_proposals = None  # the rejection rule's q of a sampled batch: [bs, 0, V]
         if self.rejection_sampling and not batch.sampling_info.is_all_greedy:
             no_proposals = torch.empty((bs, 0, self.model_runner.model_config.vocab_size), device=self.device)
-        tokens, graphed = [committed.last_tokens], True
+        tokens, graphed, aux = [committed.last_tokens], True, []
         for j in range(steps):
             step = Committed(committed.seq_lens + j, committed.seq_lens_cpu + j, committed.rows, tokens[-1])
             window = self._plan_window(step, no_drafts, no_drafts, policies)
@@ -236,6 +241,10 @@ class ParseWorker(BaseSpecWorker):
             accepted = self.tp.share_accepted(accepted)
             tokens.append(accepted.emitted[:, 0])
             graphed = graphed and step_graphed
+            if self.head:  # a copy: a replayed graph hands back its static buffer, which the next step overwrites
+                aux.append(self._verify_aux.clone())
+        if self.head:  # the head extends over every step's row
+            self._verify_aux = torch.cat(aux, dim=1)  # [bs, steps, K*H]
         if steps > 1:  # every step's token kept: a = steps - 1 per request, a constant per shape
             kept = self.constants.cached(("decode_steps", bs, steps),
                                          lambda: torch.full((bs,), steps - 1, device=self.device))  # fmt: skip
@@ -245,8 +254,9 @@ class ParseWorker(BaseSpecWorker):
             req.spec_verify_ct += steps - 1
             for _ in range(steps - 1):
                 req.update_spec_correct_drafts_histogram(0)
+        result = self._result(batch, committed, window, accepted, chain_logits, graphed, steps)
         self._record(batch.reqs, window, accepted, graphed, steps)
-        return self._result(batch, committed, window, accepted, chain_logits, graphed, steps)
+        return result
 
     def _draft(self, batch: ScheduleBatch, committed: Committed, length: int) -> Draft:
         """d_1..d_L from c_n, with each one's confidence and proposal distribution, and whether
@@ -254,15 +264,16 @@ class ParseWorker(BaseSpecWorker):
         set_lengths(batch, committed)
         return self._draft_worker.draft(batch, committed.last_tokens, committed.rows, length)
 
-    def _plan_window(self, committed: Committed, drafts: torch.Tensor, confidence: torch.Tensor, policies) -> Window:
+    def _plan_window(self, committed: Committed, drafts: torch.Tensor, confidence: torch.Tensor, policies,
+                     cut: bool = True) -> Window:  # fmt: skip
         """Boundaries per request (the drafts' and their confidences' one trip to the host, packed),
         then one device-built window for all of them (the plan's one trip to the device). The
-        window holds the first `verify_length` drafts: all L, or an adaptive server's shorter tier
-        where the confidences say the rest will not survive (a host decision: no copy)."""
+        window holds the first `verify_length` drafts: all L, or (`cut`) an adaptive server's shorter
+        tier where the confidences say the rest will not survive (a host decision: no copy)."""
         drafted = [drafts, confidence]  # [bs, L] each
         drafts_host, confidence_host = unpack(pack(drafted).cpu(), fields_of(drafted))
         self.draft_length.drafts_on_host()  # the end of the round's draft part (its measured cost)
-        if drafts_host.shape[1]:
+        if cut and drafts_host.shape[1]:
             verified = self._shared(self.draft_length.verify_length(policies, confidence_host, self._rows_of(policies)))
             drafts_host, confidence_host = drafts_host[:, :verified], confidence_host[:, :verified]
         return plan_window(
@@ -284,9 +295,11 @@ class ParseWorker(BaseSpecWorker):
         """6. ONE target forward over every request's window (`verify_pass.target_verify`)."""
         req_to_token = self.req_to_token_pool.req_to_token
         aux = self.head is not None  # the head's input: the target's aux states of the window's rows
-        chain, probes, graphed, self._verify_aux = target_verify(
+        chain, probes, graphed, aux = target_verify(
             self.target_worker, self.verify_graphs, req_to_token, batch, committed, window, aux
         )
+        if aux is not None:  # [bs, chain rows, K*H]: the rows the head extends over
+            self._verify_aux = aux.view(len(batch.reqs), window.shape.rows, -1)[:, : window.chain_rows]
         return chain, probes, graphed
 
     def _accept(self, batch, committed: Committed, window: Window, chain_logits, probe_logits, proposals):
@@ -301,7 +314,8 @@ class ParseWorker(BaseSpecWorker):
 
     def _record(self, reqs, window: Window, accepted: Accepted, graphed: bool, steps: int = 1, head: bool = False):
         """The round's result on the host (its one copy back): counters, target phases, and
-        what the draft-length policy learns (an adaptive server's: the round's costs, each request's acceptance);
+        what the draft-length policy learns (an adaptive server's: the round's costs, each request's acceptance;
+        called after `_result`, so that the head's extend is in the round's measured cost);
         steps: the verify passes of a tier-0 round; head: a head round. Returns each request's kept drafts."""
         result = round_result(accepted)
         self.draft_length.after_round(reqs, window, result, steps)
@@ -337,9 +351,7 @@ class ParseWorker(BaseSpecWorker):
         )
         if self.head:  # every round: the head's KV over what it emitted, its next input on next_draft_input
             req_to_token = self.req_to_token_pool.req_to_token
-            self.head.extend(
-                batch, committed, req_to_token, window, accepted, self._verify_aux, result.next_draft_input
-            )
+            self.head.extend(batch, committed, req_to_token, self._verify_aux, accepted, result.next_draft_input)
         return result
 
     # ----- SGLang bookkeeping around the round ------------------------------------------
@@ -419,7 +431,7 @@ class ParseWorker(BaseSpecWorker):
         chain alone and with K_max probes)."""
         super().init_cuda_graphs()
         if self.head:
-            self.head.init_cuda_graphs()
+            self.head.init_cuda_graphs(self.model_runner.decode_cuda_graph_runner is not None)
         self.verify_graphs.capture(self.geometry.shapes())
 
     def server_state(self) -> dict:
@@ -427,7 +439,8 @@ class ParseWorker(BaseSpecWorker):
         draft's identity (`draft`: what a PD pair checks), and an adaptive server's cost table."""
         state = self.totals.summary()
         state["dp_rank"] = get_parallel().dp_rank or 0
-        state["kv_bytes_per_token"] = kv_bytes_per_token(self.model_runner, self.draft_runner)
+        head = self.head.worker.draft_runner if self.head else None
+        state["kv_bytes_per_token"] = kv_bytes_per_token(self.model_runner, self.draft_runner, head)
         state["draft"] = self.draft_identity()
         state.update(self.draft_length.server_state())
         return state

@@ -190,23 +190,28 @@ class Head(nn.Module):
 
         out_dir = Path(out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
-        kept = ("hidden_act", "rms_norm_eps", "max_position_embeddings", "rope_theta", "rope_parameters",
-                "bos_token_id", "eos_token_id", "pad_token_id", "intermediate_size", "hidden_size",
-                "num_attention_heads", "num_key_value_heads", "head_dim", "vocab_size")  # fmt: skip
-        config = {
-            **{key: self.target[key] for key in kept if key in self.target},
-            "architectures": ["LlamaForCausalLMEagle3"],
-            "model_type": "llama",
-            "num_hidden_layers": 1,
-            "draft_vocab_size": self.target["vocab_size"],  # the target's vocabulary: no d2t map
-            "target_hidden_size": self.target["hidden_size"],
-            "tie_word_embeddings": False,
-            "torch_dtype": "float32",
-            "eagle_config": {"eagle_aux_hidden_state_layer_ids": self.aux, "use_aux_hidden_state": True},
-        }
-        (out_dir / "config.json").write_text(json.dumps(config, indent=2))
+        (out_dir / "config.json").write_text(json.dumps(head_config(self.target, self.aux), indent=2))
         save_file(self.state_dict_eagle3(), str(out_dir / WEIGHTS_FILE))
         return out_dir
+
+
+def head_config(target: dict, aux_layer_ids: Sequence[int], dtype: str = "float32") -> dict:
+    """config.json of a one-layer EAGLE-3 head (`LlamaForCausalLMEagle3`) of the target's shape
+    (`target`: its config.json) over its vocabulary, reading `aux_layer_ids`."""
+    kept = ("hidden_act", "rms_norm_eps", "max_position_embeddings", "rope_theta", "rope_parameters",
+            "bos_token_id", "eos_token_id", "pad_token_id", "intermediate_size", "hidden_size",
+            "num_attention_heads", "num_key_value_heads", "head_dim", "vocab_size")  # fmt: skip
+    return {
+        **{key: target[key] for key in kept if key in target},
+        "architectures": ["LlamaForCausalLMEagle3"],
+        "model_type": "llama",
+        "num_hidden_layers": 1,
+        "draft_vocab_size": target["vocab_size"],  # the target's vocabulary: no d2t map
+        "target_hidden_size": target["hidden_size"],
+        "tie_word_embeddings": False,
+        "torch_dtype": dtype,
+        "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(aux_layer_ids), "use_aux_hidden_state": True},
+    }
 
 
 def _target_config(target_dir) -> dict:

@@ -4,6 +4,7 @@ table, the acceptance estimates, the tier choice, and its settings refused by na
 from __future__ import annotations
 
 import json
+import math
 import re
 import statistics
 from types import SimpleNamespace
@@ -14,6 +15,7 @@ import torch
 from conftest import load_benchmark
 from parse_sglang.adaptive import (
     EXPLORE_SAMPLES,
+    HEAD,
     PROBE_BACKOFF_MAX,
     PROBE_OVERHEAD,
     SAMPLES,
@@ -39,12 +41,20 @@ def linear_costs(step_s: float = 0.002, verify_s: float = 0.02, row_s: float = 1
 
 def policies(n: int, budget: int = 32, judged: bool = False, stride: int = 4):
     """RequestPolicy's fields the controller reads: a request with `budget + 1` tokens left."""
-    return [SimpleNamespace(budget=budget, judged=judged, left=budget + 1, config=SimpleNamespace(probe_stride=stride))
+    return [SimpleNamespace(budget=budget, judged=judged, left=budget + 1, phase=None, config=SimpleNamespace(probe_stride=stride))
             for _ in range(n)]  # fmt: skip
 
 
 def rows_of(tier: int) -> int:
     return tier + 1
+
+
+def head_round(controller, reqs, accepted: list[int], draft_s: float = 0.0, rest_s: float = 0.0):
+    """One head round of `reqs` (k = controller.head_steps drafts each): their accepted lengths."""
+    k = controller.head_steps
+    plan = SimpleNamespace(draft_lens=torch.full((len(reqs),), k), confidence=torch.ones(len(reqs), k),
+                           judged=torch.zeros(len(reqs), dtype=torch.bool))  # fmt: skip
+    controller.observe(reqs, HEAD, k + 1, plan, SimpleNamespace(lengths=accepted), draft_s, rest_s)
 
 
 def observe(controller, reqs, tier: int, accepted: list[int], draft_s: float = 0.0, rest_s: float = 0.0,
@@ -598,3 +608,83 @@ def test_benchmark_pairs_ratios_round_by_round():
     assert adaptive["L"] is None and adaptive["equal_to_target_only"] is True
     assert rows[2]["ratio_to_best_fixed"] is None and rows[2]["ratio_to_target_only"] == pytest.approx(0.5)
     assert rows[0]["mean_L"] is None and rows[1]["ratio_to_target_only_sync"] is None
+
+
+def test_the_head_tier_has_its_own_cost_cells_and_acceptance(tmp_path):
+    """An EAGLE-3 head (`eagle3_head`) is the tier HEAD: its draft part is a cost cell of its own
+    (the rest shares the verify cells by rows), priced before it ran as a tier-0 round of its
+    rows (so it is tried), kept in the table's JSON; what head rounds keep is learnt on curves of
+    their own, never on PARSE's draft's."""
+    online = CostTable()
+    online.observe(1, 0, 1, 0.001, 0.02)
+    online.observe(1, 0, 1, 0.001, 0.02)
+    online.observe(1, 4, 5, 0.01, 0.022)
+    online.observe(1, 4, 5, 0.01, 0.022)
+    untried = online.cost(1, HEAD, 4)
+    assert untried == pytest.approx(0.001 + online.cost(1, 4, 4) - 0.01)  # tier 0's draft part, the rest at 4 rows
+    for _ in range(EXPLORE_SAMPLES + 1):
+        online.observe(1, HEAD, 4, 0.004, 0.0215)
+    assert online.head == {1: 0.004} and (1, HEAD) not in online.draft
+    assert online.cost(1, HEAD, 4) == pytest.approx(0.004 + 0.0215) and online.cost(8, HEAD, 4) == pytest.approx(0.0255)
+    assert HEAD in online.measured_tiers(1)
+    path = tmp_path / "costs.json"
+    path.write_text(json.dumps(online.to_json()))
+    assert CostTable.load(str(path)).head == {1: 0.004}
+
+    costs = linear_costs()  # tier 0: 22.1 ms, tier 4: 30.5 ms
+    costs.head = {b: 0.004 for b in (1, 8, 32)}  # a head round: 24.4 ms
+    controller = AdaptiveDraftLength(TIERS, costs, head_steps=3)
+    for _ in range(200):  # PARSE's draft keeps nothing, the head keeps all it drafts
+        controller.pooled.observe(4, 0)
+        controller.head_pooled.observe(3, 3)
+    reqs = [SimpleNamespace(), SimpleNamespace()]
+    assert controller.choose(reqs, policies(2), rows_of) == HEAD
+    head_round(controller, reqs, [3, 1])
+    assert reqs[1].parse.head_acceptance.expected(3, controller.head_pooled) < 2.5
+    assert reqs[1].parse.acceptance.survival.reached == [], "a head round is no round of PARSE's draft"
+    assert controller._zero_streak == 1, "a head round drafts nothing of PARSE's: the drafting probes' streak goes on"
+    # without a head such a batch runs tier 0
+    no_head = AdaptiveDraftLength(TIERS, costs)
+    for _ in range(200):
+        no_head.pooled.observe(4, 0)
+    assert no_head.choose([SimpleNamespace(), SimpleNamespace()], policies(2), rows_of) == 0
+    # in a target phase (probe_stride 4) a request keeps at most what is left of it, less the bonus
+    keeps_all = AdaptiveDraftLength(TIERS, costs)
+    for _ in range(200):
+        keeps_all.pooled.observe(32, 32)
+    assert keeps_all.choose([SimpleNamespace()], policies(1), rows_of) == 32
+    in_phase = [SimpleNamespace(**{**vars(p), "phase": [1, 2]}) for p in policies(1, stride=4)]
+    assert keeps_all.choose([SimpleNamespace()], in_phase, rows_of) == 4, "one draft token left to keep"
+    at_end = [SimpleNamespace(**{**vars(p), "phase": [1, 2, 3]}) for p in policies(1, stride=4)]
+    assert keeps_all.choose([SimpleNamespace()], at_end, rows_of) == 0, "none left: tier 0 is the cheapest"
+
+
+def test_a_head_that_keeps_nothing_leaves_the_choice_to_tier_zero_and_is_probed_with_backoff():
+    costs = linear_costs()
+    costs.head = {b: 0.004 for b in (1, 8, 32)}
+    controller = AdaptiveDraftLength(TIERS, costs, head_steps=3)
+    for _ in range(200):
+        controller.pooled.observe(4, 0)
+        controller.head_pooled.observe(3, 0)
+    req = [SimpleNamespace()]
+    tiers = []
+    for _ in range(60):
+        tiers.append(controller.choose(req, policies(1), rows_of))
+        if tiers[-1] == HEAD:
+            head_round(controller, req, [0])
+        else:
+            observe(controller, req, tiers[-1], [0])
+    assert tiers[0] == 0
+    ratio = costs.cost(1, HEAD, 4) / costs.cost(1, 0, 1)  # a head round in decode steps: 1.10
+    keeps = Acceptance().expected(3, controller.head_pooled)  # ~0.01
+    first = math.ceil((ratio - 1 - keeps) / PROBE_OVERHEAD)  # tier-0 steps that pay for a probe's loss
+    heads = [i for i, t in enumerate(tiers) if t == HEAD]
+    assert heads[0] == first, tiers
+    gaps = [tiers[a:b].count(0) for a, b in zip(heads, heads[1:])]  # tier-0 steps between head probes
+    assert gaps[:2] == [2 * first, 4 * first], tiers  # failing probes back off (drafting probes between them apart)
+    assert 4 in tiers, "PARSE's drafting probes go on beside the head's"
+    assert controller._head_backoff > 1
+    while (tier := controller.choose(req, policies(1), rows_of)) != HEAD:
+        observe(controller, req, tier, [0])
+    head_round(controller, req, [3])  # a head round that pays resets the spacing
+    assert controller._head_backoff == 1

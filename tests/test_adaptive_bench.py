@@ -260,6 +260,24 @@ def test_gpu_serving_plans_parse_adaptive_at_the_largest_L(capsys):
     assert "parse_adaptive" not in gpu_serving.SMOKE["modes"]
 
 
+def test_gpu_serving_plans_the_head_modes():
+    """parse_head: the adaptive engine at the largest L with the pair's head, graphs on; eagle3:
+    SGLang's EAGLE3 with the same head; both in the default modes (the first GPU run prices them),
+    neither in the smoke's."""
+    args = gpu_serving.parse_args(["--cpu-smoke", "--modes", "target_only", "parse_head", "eagle3", "--steps", "4", "16",
+                                   "--eagle3-steps", "2"])  # fmt: skip
+    headed = dataclasses.replace(pair("tiny"), head="H")
+    plan = gpu_serving.plan_engines(args, headed)
+    (spec,) = [s for s in plan if s.config is not None]
+    assert (spec.config.adaptive, spec.config.judge, spec.config.draft_budget) == (True, False, 16)
+    assert (spec.config.eagle3_head, spec.config.eagle3_steps, spec.graphs) == ("H", 2, True)
+    assert spec.rows[0].mode == "parse_head" and 16 in args.all_L
+    (eagle3,) = [s for s in plan if s.settings.get("speculative_algorithm") == "EAGLE3"]
+    assert eagle3.settings["speculative_draft_model_path"] == "H" and eagle3.settings["speculative_num_steps"] == 2
+    assert {"parse_head", "eagle3"} <= set(gpu_serving.parse_args(["--pairs", "tiny"]).modes)
+    assert not {"parse_head", "eagle3"} & set(gpu_serving.SMOKE["modes"])
+
+
 def test_gpu_serving_derive_and_tables_take_parse_adaptive(tmp_path, capsys):
     def made_up(mode, round_ms, tps, server_L=None, per_round=1.0, output_ids=([1, 2],)):
         return dict(pair="p", mode=mode, batch=8, round_ms=round_ms, tokens_per_s=tps, decode_tokens_per_s=tps,

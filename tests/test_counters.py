@@ -139,3 +139,12 @@ def test_package_has_no_import_circle():
         visit(name, [])
     assert "parse_sglang.worker" in graph["parse_sglang.spec_algo"]  # the graph does see imports inside functions
     assert "parse_sglang.counters" in graph["parse_sglang.worker"]
+
+
+def test_decode_log_line_shows_head_rounds_only_on_a_server_that_ran_them(cpu_runtime):
+    from parse_sglang.scheduler_patches.decode_log import totals_line  # imports SGLang: after the CPU runtime
+
+    before = ServerTotals(rounds=10, head_rounds=4, head_accepted=9)
+    now = ServerTotals(rounds=16, head_rounds=7, head_accepted=15)
+    assert totals_line(now, before, 40).endswith(", 7 head rounds keeping 15 (last batches: 3, 6)")
+    assert "head" not in totals_line(ServerTotals(rounds=16), ServerTotals(rounds=10), 40)

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from conftest import load_benchmark
+from support.eagle3_head import default_aux_layers
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "gpu_serving.py"
@@ -310,3 +311,33 @@ def test_bad_values_are_refused_by_flag(argv, message, capsys):
     with pytest.raises(SystemExit):
         gpu_serving.parse_args(argv)
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.sglang
+def test_head_modes_serve_a_weightless_head(tmp_path):
+    """parse_head and eagle3 on the weightless pair path at tiny shapes: the head is a config.json
+    of the target's shape (one layer, the target's vocabulary, aux layers inside the target) with
+    no weights, served by the dummy loader as the first GPU run serves a Qwen3-8B-shaped one; PARSE
+    with it stays lossless, runs head rounds and replays graphs (the CPU stand-in) in every round,
+    SGLang's EAGLE3 serves the same head."""
+    rows, _, _ = run_script(
+        "--cpu-smoke", "--json", "--pairs", "tiny-dummy", "--modes", "target_only", "parse_head", "eagle3",
+        "--batches", "2", "--steps", "4", "--max-new-tokens", "48", "--cache-dir", str(tmp_path),
+        "--plot", str(tmp_path / "plot.png"),
+    )  # fmt: skip
+    assert {r["mode"] for r in rows} == {"target_only", "parse_head", "eagle3"}
+    (head,) = [r for r in rows if r["mode"] == "parse_head"]
+    assert head["equal_to_target_only"] is True and head["graph_replayed"] is True and head["head_rounds"] > 0, head
+    (eagle3,) = [r for r in rows if r["mode"] == "eagle3"]
+    assert eagle3["output_tokens"] == 2 * 48 and eagle3["tokens_per_round"] >= 1.0
+    (folder,) = [p for p in tmp_path.iterdir() if p.name.startswith("eagle3-head-dummy-")]
+    assert sorted(p.name for p in (folder / "head").iterdir()) == ["config.json"]
+    config = json.loads((folder / "head" / "config.json").read_text())
+    (target,) = [p for p in tmp_path.iterdir() if p.name.startswith("tiny-target-dummy-")]
+    target_config = json.loads((target / "target" / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForCausalLMEagle3"] and config["num_hidden_layers"] == 1
+    assert config["target_hidden_size"] == target_config["hidden_size"]
+    assert config["vocab_size"] == config["draft_vocab_size"] == target_config["vocab_size"]
+    aux = config["eagle_config"]["eagle_aux_hidden_state_layer_ids"]
+    assert aux == default_aux_layers(target_config["num_hidden_layers"])  # [0] of 2 layers; Qwen3-8B's: [0, 17, 34]
+    assert default_aux_layers(36) == [0, 17, 34]

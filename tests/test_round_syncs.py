@@ -48,6 +48,18 @@ def test_counter_counts_what_would_sync_on_a_gpu():
     assert mixed.shape == (3, 2) and kept.numel() == 7 and total > 0
 
 
+def assert_three_crossings(records) -> None:
+    """Every counted round (at least 5, batches above 4 among them): PARSE's code reads the
+    device in `_plan_window` (the drafts) and `_record` (the result), and copies to it in
+    `_plan_window` (the plan), once each."""
+    counted = [r for r in records if r["kind"] == "count"]
+    assert len(counted) >= 5 and max(r["batch_size"] for r in counted) > 4
+    for r in counted:
+        crossings = sorted((direction, step) for direction, step, *_ in r["parse"])
+        assert crossings == [("device_to_host", "_plan_window"), ("device_to_host", "_record"),
+                             ("host_to_device", "_plan_window")], r["parse"]  # fmt: skip
+
+
 def serve_probed(engine_factory, tiny_pair, config: ParseConfig, params, out):
     """BATCH_PROMPTS served by a PARSE engine whose rounds the round probe records: (the
     outputs, the per-round records, the server's totals)."""
@@ -82,12 +94,7 @@ def test_three_host_device_crossings_per_round(probe_records):
     `_plan_window`, the drafts) and once after acceptance (in `_record`, the result), and
     copies to the device once (in `_plan_window`, the plan); batches of 1 to 11 requests."""
     records, totals = probe_records
-    counted = [r for r in records if r["kind"] == "count"]
-    assert len(counted) >= 5 and max(r["batch_size"] for r in counted) > 4
-    for r in counted:
-        crossings = sorted((direction, step) for direction, step, *_ in r["parse"])
-        assert crossings == [("device_to_host", "_plan_window"), ("device_to_host", "_record"),
-                             ("host_to_device", "_plan_window")], r["parse"]  # fmt: skip
+    assert_three_crossings(records)
     assert totals["accepted_judged"] > 0 and totals["judge_probes"] > 0  # the judge did run
 
 
@@ -146,3 +153,24 @@ def test_tier0_decode_steps_read_the_device_once_per_round(tiny_pair, engine_fac
     assert len(counted) >= 2 and max(r["batch_size"] for r in counted) > 4
     for r in counted:
         assert [(direction, step) for direction, step, *_ in r["parse"]] == [("device_to_host", "_record")], r["parse"]
+
+
+def test_head_rounds_cross_three_times(tiny_pair, engine_factory, tmp_path):
+    """A server whose only choices are an EAGLE-3 head's rounds and a drafting tier priced out
+    (a draft step at 1 s, no tier 0 to probe from): every round is a head round, and PARSE's
+    code crosses as a drafting round does, the head's chain and extend (graph replays on a GPU)
+    apart: the drafts read once, the plan copied once, the result read once."""
+    from support.eagle3_head import build_random_head
+
+    head = build_random_head(tmp_path / "head", tiny_pair[0])
+    costs = tmp_path / "costs.json"
+    costs.write_text(json.dumps({"draft": [{"bucket": 16, "L": 4, "seconds": 1.0}],
+                                 "rest": [{"bucket": 16, "rows": r, "seconds": 1e-3} for r in (4, 5)],
+                                 "head": [{"bucket": 16, "seconds": 0.0}]}))  # fmt: skip
+    config = probe_config(draft_budget=4, adaptive=True, adaptive_tiers=[4], cost_table=str(costs), judge=False,
+                          eagle3_head=str(head))  # fmt: skip
+    params = {"max_new_tokens": MAX_NEW, "temperature": 0.0}
+    outs, records, totals = serve_probed(engine_factory, tiny_pair, config, params, tmp_path / "rounds.json")
+    assert all(len(o["output_ids"]) == MAX_NEW for o in outs)
+    assert totals["head_rounds"] == totals["rounds"] > 0 and totals["mean_draft_length"] == 3.0, totals
+    assert_three_crossings(records)

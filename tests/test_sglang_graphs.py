@@ -11,6 +11,8 @@ padded to the captured 16, and shrink (and pad) as requests finish.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -135,6 +137,15 @@ def test_graph_reservations_of_the_design_example():
     adaptive = reservations(probe_config(draft_budget=32, probe_stride=8, adaptive=True), suffix_len=23)
     assert adaptive.verify_kv_indices == 48 * (1 + 28 + 5 + 32 + 9 + 63 + 17 + 125 + 33) * 40960 * 4
     assert adaptive.draft_kv_indices == (6 + 10 + 18 + 34) * 48 * 40960 * 4
+    # With an EAGLE-3 head of k = 3 reading 3 aux layers of hidden 4096 (bf16): its head-round verify
+    # width 4, every width's aux buffer, and its chain's and extend's KV indices (2k + 1 rows)
+    config = ParseConfig(draft_budget=32, judge=False, adaptive=True, eagle3_head="h", eagle3_steps=3)
+    headed = dataclasses.replace(reservations(config, suffix_len=0), head_steps=3, aux_width=3 * 4096)
+    widths = (1, 4, 5, 9, 17, 33)
+    assert headed.verify_widths == widths
+    assert headed.head == 48 * sum(widths) * 3 * 4096 * 2 + 7 * 48 * 40960 * 4
+    assert headed.total - headed.head == dataclasses.replace(headed, head_steps=0).total
+    assert "EAGLE-3 head" in headed.describe()
 
 
 def test_startup_refuses_graph_reservations_beyond_headroom(tiny_pair, cpu_runtime):

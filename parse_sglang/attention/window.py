@@ -124,8 +124,10 @@ class WindowGeometry:
 
     def shapes(self) -> list[WindowShape]:
         """Every shape a round can have with a fixed window: per tier, the chain alone and, where
-        the server probes, K_max probes."""
+        the server probes, K_max probes; with an EAGLE-3 head, its rounds' chain of k drafts."""
         shapes = {WindowShape(L, 0, 0) for L in self.config.tiers} | {self.fixed(L) for L in self.config.tiers}
+        if self.config.eagle3_head:
+            shapes.add(WindowShape(self.config.eagle3_steps, 0, 0))
         return sorted(shapes, key=lambda s: (s.draft_len, s.num_probes))
 
 

@@ -8,7 +8,7 @@ after it, on the same rank, this patch logs PARSE's view of the same batches and
         per round, mean L 4.0, 380 draft tokens, 120 judge probes | since start: 16 requests, 310 rounds,
         946 tokens, accept len 3.05, acceptance rate 0.52, judged share 0.19, 402 judge probes
 
-(one line). "accept len" is computed from PARSE's counters (`parse_sglang/counters.py`: one
+(one line; with an EAGLE-3 head it ends ", 120 head rounds keeping 250 (last batches: 30, 61)"). "accept len" is computed from PARSE's counters (`parse_sglang/counters.py`: one
 bonus token plus the accepted draft tokens per round; "tokens" are those the rounds emitted),
 SGLang's from the accept lengths the worker hands back, over the same batches, so the two are
 equal, and "rounds" equals the sum of SGLang's "#running-req" over those batches (except on an
@@ -48,6 +48,9 @@ def totals_line(now: ServerTotals, before: ServerTotals, batches: int) -> str:
     per_round = step.summary()
     total = now.summary()
     rounds = max(step.rounds, 1)
+    head = ""  # an EAGLE-3 head's rounds (`eagle3_head`), on a server that ran any
+    if now.head_rounds:
+        head = f", {now.head_rounds} head rounds keeping {now.head_accepted} (last batches: {step.head_rounds}, {step.head_accepted})"
     return (
         f"PARSE last {batches} decode batches: {step.rounds} rounds, accept len {per_round['tokens_per_round']:.2f} "
         f"= 1 + {step.accepted_exact / rounds:.2f} exact + {step.accepted_judged / rounds:.2f} judged per round, "
@@ -55,7 +58,7 @@ def totals_line(now: ServerTotals, before: ServerTotals, batches: int) -> str:
         f"probes | since start: {now.requests} "
         f"requests, {now.rounds} rounds, {total['emitted_tokens']} tokens, accept len {total['tokens_per_round']:.2f}, "
         f"acceptance rate {total['acceptance_rate']:.2f}, judged share {total['judged_share']:.2f}, "
-        f"{now.judge_probes} judge probes"
+        f"{now.judge_probes} judge probes{head}"
     )
 
 

@@ -1,10 +1,11 @@
-"""The draft's KV pool priced into SGLang's KV budget.
+"""The draft's KV pool (and an EAGLE-3 head's) priced into SGLang's KV budget.
 
 What it changes: an AFTER hook on SGLang's `DefaultPoolConfigurator.__init__` adds the PARSE
 draft's KV bytes per token to the target's `_cell_size` (the bytes one pool token costs), on
-the target worker only. SGLang then sizes the target's pool from the memory left after both
-models' weights at (target + draft) bytes per token; the draft pool, which holds as many
-tokens as the target's (it shares the target's slot table), fits beside it.
+the target worker only, and with `eagle3_head` the head's too (one layer). SGLang then sizes
+the target's pool from the memory left after the models' weights at (target + draft + head)
+bytes per token; the draft's and the head's pools, which hold as many tokens as the target's
+(they share the target's slot table), fit beside it.
 
 Why: SGLang does this for EAGLE and STANDALONE only (`spec_algorithm.is_eagle() or
 is_standalone()` in `DefaultPoolConfigurator.__init__`). For a plug-in algorithm it prices
@@ -25,7 +26,7 @@ import torch
 from sglang.srt.plugins.hook_registry import HookType
 
 from parse_sglang.scheduler_patches import register_hooks_once
-from parse_sglang.settings import ALGORITHM
+from parse_sglang.settings import ALGORITHM, server_parse_config
 
 TARGET = "sglang.srt.model_executor.pool_configurator.DefaultPoolConfigurator.__init__"
 
@@ -34,25 +35,35 @@ HOOKED_SIGNATURES = {
 }
 
 
-_draft_configs: dict = {}  # (path, revision) -> the draft's ModelConfig: a configurator is built several times
+_draft_configs: dict = {}  # (path, revision) -> a draft's ModelConfig: a configurator is built several times
 
 
-def _draft_model_config(server_args):
+def _draft_model_config(server_args, path: str, revision=None):
     from sglang.srt.configs.model_config import ModelConfig
 
-    key = (server_args.speculative_draft_model_path, server_args.speculative_draft_model_revision)
+    key = (path, revision)
     if key not in _draft_configs:
         _draft_configs[key] = ModelConfig.from_server_args(
-            server_args, model_path=key[0], model_revision=key[1], is_draft_model=True
+            server_args, model_path=path, model_revision=revision, is_draft_model=True
         )
     return _draft_configs[key]
 
 
 def draft_kv_bytes_per_token(kvc) -> int:
-    """Bytes one token costs in the draft's MHA pool on this rank (K and V, every layer)."""
+    """Bytes one token costs in the draft's MHA pool on this rank (K and V, every layer), plus
+    in an EAGLE-3 head's (`eagle3_head`)."""
+    from sglang.srt.runtime_context import get_spec
+
+    args = kvc.server_args
+    total = _kv_bytes(kvc, _draft_model_config(args, args.speculative_draft_model_path,
+                                               args.speculative_draft_model_revision))  # fmt: skip
+    head = server_parse_config(args, get_spec().speculative_num_steps).eagle3_head
+    return total + (_kv_bytes(kvc, _draft_model_config(args, head)) if head else 0)
+
+
+def _kv_bytes(kvc, config) -> int:
     from sglang.srt.runtime_context import get_parallel
 
-    config = _draft_model_config(kvc.server_args)
     parallel = get_parallel()
     heads = config.get_num_kv_heads(parallel.attn_tp_size, parallel.attn_dcp_size)
     return (
@@ -77,18 +88,22 @@ def pool_bytes_per_token(model_runner) -> int:
     return int(k_bytes + v_bytes) // int(pool.k_buffer[0].shape[0])
 
 
-def kv_bytes_per_token(target_runner, draft_runner) -> dict:
+def kv_bytes_per_token(target_runner, draft_runner, head_runner=None) -> dict:
     """get_server_info()'s record of the budget: what SGLang prices a pool token at now, and what
-    the target's and the draft's pools allocated per token (equal when the draft is priced)."""
+    the target's, the draft's (and an EAGLE-3 head's) pools allocated per token (their sum when
+    the draft and the head are priced)."""
     from sglang.srt.model_executor.pool_configurator import create_memory_pool_configurator
 
-    return {
+    record = {
         "priced": int(create_memory_pool_configurator(target_runner.kv_cache_configurator)._cell_size),
         "target": pool_bytes_per_token(target_runner),
         "draft": pool_bytes_per_token(draft_runner),
     }
+    if head_runner is not None:
+        record["head"] = pool_bytes_per_token(head_runner)
+    return record
 
 
 def install() -> str:
     register_hooks_once(__name__, (TARGET, price_draft_pool, HookType.AFTER))
-    return f"{TARGET}: AFTER hook adding the PARSE draft's KV bytes per token to the target's pool budget"
+    return f"{TARGET}: AFTER hook adding the PARSE draft's (and an EAGLE-3 head's) KV bytes per token to the target's pool budget"

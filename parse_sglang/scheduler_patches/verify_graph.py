@@ -92,11 +92,16 @@ def capture_spec_info(original, runner, num_tokens: int):
     shape = _parse_window(model_runner.spec_algorithm, model_runner.is_draft_worker)
     if shape is None:
         return original(runner, num_tokens)
+    from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
+
     from parse_sglang.attention.window import shape_constants
     from parse_sglang.verify_input import ParseVerifyInput
 
     rows = shape_constants(model_runner).logits_rows(num_tokens // shape.rows, shape)
-    return ParseVerifyInput.for_capture(shape, rows, runner.buffers.custom_mask)
+    info = ParseVerifyInput.for_capture(shape, rows, runner.buffers.custom_mask)
+    if model_runner.spec_aux_config.eagle_use_aux_hidden_state:  # an EAGLE-3 head reads every verify's aux states
+        info.capture_hidden_mode = CaptureHiddenMode.FULL
+    return info
 
 
 def dummy_verify_input(original, spec_algorithm, custom_mask, num_tokens_per_req: int, is_draft_worker: bool):

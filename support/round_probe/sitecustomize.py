@@ -5,7 +5,8 @@ after every round). Does nothing unless that variable is set. Never imported by 
 
 Rounds alternate between two kinds, so that measuring never disturbs what is measured:
 - "count" rounds run under `support.sync_counter.SyncCounter` (suspended inside the draft
-  chain and the target's forward, which run as graph replays on a GPU): host/device traffic
+  chain, an EAGLE-3 head's chain and extend, and the target's forward, which run as graph
+  replays on a GPU): host/device traffic
   per worker step, attributed to PARSE's code or SGLang's;
 - "time" rounds: milliseconds per worker step, and `host_ms`, the round less the time inside
   the draft chain and the target's forward (CUDA-synchronised on a GPU): PARSE's own work.
@@ -121,12 +122,14 @@ if os.environ.get("PARSE_ROUND_PROBE_OUT"):
 
         return run
 
-    def _instrument(worker_cls, chain_cls, tp_worker_cls):
+    def _instrument(worker_cls, chain_cls, head_cls, tp_worker_cls):
         for name in STEPS:
             if hasattr(worker_cls, name):
                 setattr(worker_cls, name, _probe_step(name, getattr(worker_cls, name)))
         worker_cls._round = _probe_round(worker_cls._round)
         chain_cls.draft = _model_forward(chain_cls.draft)
+        head_cls.draft = _model_forward(head_cls.draft)
+        head_cls.extend = _model_forward(head_cls.extend)
         original = tp_worker_cls.forward_batch_generation
 
         probed = _model_forward(original)
@@ -144,9 +147,10 @@ if os.environ.get("PARSE_ROUND_PROBE_OUT"):
             module = sys.modules.get("parse_sglang.worker")
             if module is not None and hasattr(module, "ParseWorker"):
                 from parse_sglang.draft_chain import DraftChain
+                from parse_sglang.eagle3_head import HeadChain
                 from sglang.srt.managers.tp_worker import TpModelWorker
 
-                _instrument(module.ParseWorker, DraftChain, TpModelWorker)
+                _instrument(module.ParseWorker, DraftChain, HeadChain, TpModelWorker)
                 return
             time.sleep(0.05)
 
