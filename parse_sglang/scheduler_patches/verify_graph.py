@@ -7,7 +7,9 @@ What it changes (each only for a PARSE target runner; other algorithms are untou
   `ParseVerifyInput.for_capture` of the window shape being captured, whose request-major
   logits rows the graph bakes in. Those rows come from the model runner's `ShapeConstants`,
   so they live as long as the graph (a tensor made for the capture and dropped after it
-  would be freed memory at every replay).
+  would be freed memory at every replay). On a server with an EAGLE-3 head the capture input
+  asks for `CaptureHiddenMode.FULL`, so the graphs keep the aux hidden states the head reads
+  (SGLang sizes the runner's aux buffer and replays only forwards that ask for no more).
 - AFTER `ModelRunner.max_decode_logits_rows` and
   `DecodeCudaGraphRunner._next_token_logits_buffer_capacity_rows`: SGLang sizes the graphs'
   shared logits buffer for every verify row (max_bs * N_max rows x vocab, fp32: GBs at a
