@@ -204,6 +204,42 @@ def test_logprob_and_grammar_batches_keep_their_outputs(pair_and_prompts, distil
                     assert got == pytest.approx(want, abs=1e-3)
 
 
+SAMPLES = 2000  # sampled outputs per source
+
+
+@pytest.mark.sglang
+def test_sampled_head_rounds_keep_the_targets_distribution(pair_and_prompts, distilled_head, engine_factory, tmp_path):
+    """Sampled requests in head rounds: SGLang's target-only rule keeps a head draft token only
+    where the target's own sample is that token, so one prompt's whole outputs (4 tokens, T = 1)
+    from a server running head rounds are distributed as target-only's: test_sglang_sampling's
+    two-sample chi-square and bound (p >= ALPHA), and the head rounds kept tokens (else the
+    comparison says nothing of them). Negative control of the statistic at this sample size:
+    target-only at T = 0.7 against T = 1 is rejected (p < ALPHA)."""
+    from test_sglang_sampling import ALPHA, homogeneity
+
+    target, draft, prompts = pair_and_prompts
+
+    def draw(engine, temperature: float) -> list[tuple]:
+        params = {"temperature": temperature, "max_new_tokens": 4, "ignore_eos": True}
+        return [
+            tuple(o["output_ids"]) for o in engine.generate(input_ids=[prompts[0]] * SAMPLES, sampling_params=params)
+        ]
+
+    common = dict(max_running_requests=64, max_total_tokens=16384)
+    with engine_factory(target, random_seed=1, **common) as engine:
+        reference, cooler = draw(engine, 1.0), draw(engine, 0.7)
+    costs = write_pinned_costs(tmp_path / "costs.json", (0, 4, 8), head=0.0)  # a head round as cheap as tier 0
+    config = ParseConfig(draft_budget=8, judge=False, adaptive=True, adaptive_tiers=[0, 4], cost_table=costs,
+                         eagle3_head=str(distilled_head))  # fmt: skip
+    with engine_factory(target, random_seed=2, **common, **parse_engine_kwargs(draft, config)) as engine:
+        sampled = draw(engine, 1.0)
+        totals = engine.get_server_info()["internal_states"][0]["parse"]
+    report = {"head rounds": homogeneity(sampled, reference), "control T=0.7": homogeneity(cooler, reference)}
+    assert report["head rounds"][0] >= ALPHA, report
+    assert report["control T=0.7"][0] < ALPHA, report
+    assert totals["head_accepted"] > 0.2 * totals["head_rounds"] > 0, totals
+
+
 def test_bad_head_settings_are_refused_by_name(pair_and_prompts, cpu_runtime, tmp_path):
     from parse_sglang.eagle3_head import head_aux_layers  # imports SGLang: after the CPU runtime
 
