@@ -29,6 +29,7 @@ import torch
 
 from parse_sglang.draft_length import DraftLengthPolicy
 from parse_sglang.request_state import state_of
+from parse_sglang.target_phase import phase_room
 
 logger = logging.getLogger(__name__)
 
@@ -533,9 +534,6 @@ class AdaptiveDraftLength(DraftLengthPolicy):
 
 def reach(policy, tier: int) -> int:
     """Draft tokens a request can keep in a round of `tier`: its budget, and in a target phase
-    (target_phase.py) what is left of the phase less the round's bonus (the phase's run is cut
-    where it ends)."""
+    at most what is left of the phase (`target_phase.phase_room`)."""
     keep = min(tier, policy.budget)
-    if policy.phase is not None:
-        keep = min(keep, max(policy.config.probe_stride - len(policy.phase) - 1, 0))
-    return keep
+    return keep if policy.phase is None else min(keep, phase_room(policy.phase, policy.config))

@@ -37,6 +37,13 @@ def target_phase_stop(texts: TokenTexts, done: Sequence[int], run: Sequence[int]
     return None
 
 
+def phase_room(done: Sequence[int], config: ParseConfig) -> int:
+    """Most draft tokens a round can keep in a target phase of `done` tokens so far, whatever the
+    drafts: the phase ends by its probe_stride-th token (`target_phase_stop`), and the round's
+    bonus is one of its tokens."""
+    return max(config.probe_stride - len(done) - 1, 0)
+
+
 def phase_limit(texts: TokenTexts, done: Sequence[int], draft: Sequence[int], config: ParseConfig) -> int:
     """Most draft tokens a request in a target phase (`done` tokens so far) may accept this
     round: len(draft), unless the phase ends at draft token j: then j - 1 (the target's bonus
