@@ -7,6 +7,8 @@ settings and what it achieves are docs/adaptive.md.
   prior the server's pooled curve (one pair for PARSE's draft, one for an EAGLE-3 head's).
 - `Calibration`: P(a draft token is kept | the draft's confidence in it), over every request's
   unjudged rounds.
+- `OutputEnds`: where finished requests' outputs ended: a draft token past a request's end is
+  worth nothing.
 - `AdaptiveDraftLength`: the `DraftLengthPolicy` choosing the tier with the most expected
   tokens per second, probing out of tier 0 when a drafting round may pay again, and, once the
   drafts are on the host, where their verify stops (`verify_length`). With an EAGLE-3 head
@@ -16,6 +18,8 @@ settings and what it achieves are docs/adaptive.md.
 
 from __future__ import annotations
 
+import collections
+import itertools
 import json
 import logging
 import math
@@ -45,6 +49,8 @@ PROBE_OVERHEAD = 0.05  # what probes out of tier 0 may cost, as a share of the d
 PROBE_AFTER = 8  # decode steps between probes while their costs are not known
 PROBE_BACKOFF_MAX = 32  # probes that keep finding nothing space out up to this factor
 HEAD = -1  # the tier of a head round (`eagle3_head`): the head's k drafts, a chain-only verify
+ENDED_KEPT = 128  # finished requests whose output lengths say where outputs end
+ENDED_PRIOR = 2.0  # requests' worth of an output that never ends, beside them
 
 
 def bucket(batch_size: int) -> int:
@@ -68,6 +74,26 @@ def _interpolate(points: dict[int, float], x: int) -> Optional[float]:
         lo, hi = xs[-2], xs[-1]
     slope = (points[hi] - points[lo]) / (hi - lo)
     return max(points[lo] + slope * (x - lo), 0.0)
+
+
+def _estimate(points_of, x: int, nearest: list) -> Optional[float]:
+    """y at x from the first bucket of `nearest` (the batch's) or, where its points cannot
+    estimate x, the nearest bucket's that can (points_of(bucket) -> {x: y}); where the batch's
+    bucket holds one point, the other bucket's curve scaled to it: one cell gives the batch's
+    level, the fuller bucket the slope."""
+    own = points_of(nearest[0])
+    for b in nearest:
+        points = points_of(b)
+        value = _interpolate(points, x)
+        if value is None:
+            continue
+        if b != nearest[0] and len(own) == 1:
+            ((x0, y0),) = own.items()
+            reference = _interpolate(points, x0)
+            if reference:
+                value *= y0 / reference
+        return value
+    return None
 
 
 @dataclass
@@ -96,18 +122,22 @@ class CostTable:
     def cost(self, batch_size: int, tier: int, rows: int, steps: int = 1) -> Optional[float]:
         """Seconds of a round at this tier and verify rows (`steps` verify passes: a tier-0
         round's decode steps), from the batch's bucket or, where that cannot estimate it, the
-        nearest bucket that can (the larger on a tie); None where no bucket can yet. Tier 0 (decode
+        nearest bucket that can (the smaller on a tie: a cost priced low is tried, and so measured; one priced high never is); None where no bucket can yet. Tier 0 (decode
         steps) is priced from tier-0 rounds only, the nearest bucket's that ran one: drafting
         rounds carry a draft chain, a judge and the drafts' trip that a decode step lacks, so
         extrapolating their cells down to L = 0 and one row priced it at several times its cost.
         The head tier is priced from head rounds, the nearest bucket's that ran one; before any
-        ran, as a tier-0 round of its rows (a head round's cheapest: a cost that lets it be tried)."""
+        ran, as a tier-0 round of its rows (a head round's cheapest: a cost that lets it be tried).
+        Conversely, drafting rounds are never priced from tier-0 cells (L = 0, one row): a line
+        from a decode step's 0.6 ms through L = 4's 7.3 ms priced L = 32 at batch 1 at 76 ms where
+        it costs 40 (the synthetic pair on CPU), and its batch of 1 ran tier 0. A bucket with one
+        drafting cell takes the nearest fuller bucket's curve, scaled to that cell (`_estimate`)."""
         b = bucket(batch_size)
         nearest = sorted({bb for bb, _ in self.draft} | {bb for bb, _ in self.rest} | {b},
-                         key=lambda bb: (abs(bb.bit_length() - b.bit_length()), -bb))  # fmt: skip
+                         key=lambda bb: (abs(bb.bit_length() - b.bit_length()), bb))  # fmt: skip
         if tier == HEAD:
-            for bb in sorted(self.head, key=lambda bb: (abs(bb.bit_length() - b.bit_length()), -bb)):
-                rest = _interpolate({r: s for (c, r), s in self.rest.items() if c == bb}, rows)
+            for bb in sorted(self.head, key=lambda bb: (abs(bb.bit_length() - b.bit_length()), bb)):
+                rest = _interpolate(self._rest_points(bb), rows)
                 if rest is not None:
                     return self.head[bb] + rest
             tier = 0
@@ -115,12 +145,20 @@ class CostTable:
             ran = next((bb for bb in nearest if (bb, 0) in self.draft and (bb, rows) in self.rest), None)
             if ran is not None:
                 return self.draft[ran, 0] + steps * self.rest[ran, rows]
-        for bb in nearest:
-            draft = _interpolate({L + 1: s for (c, L), s in self.draft.items() if c == bb}, tier + 1)
-            rest = _interpolate({r: s for (c, r), s in self.rest.items() if c == bb}, rows)
+        for decode in (False, True):  # tier-0 cells only where no bucket holds two drafting ones (exploring)
+            draft = _estimate(lambda bb: self._draft_points(bb, decode), tier + 1, nearest)
+            rest = _estimate(lambda bb: self._rest_points(bb, decode), rows, nearest)
             if draft is not None and rest is not None:
                 return draft + steps * rest
         return None
+
+    def _draft_points(self, b: int, decode: bool = False) -> dict:
+        """{L + 1: seconds} of the bucket's drafting rounds' draft part (decode: tier 0's too)."""
+        return {L + 1: s for (c, L), s in self.draft.items() if c == b and (L > 0 or decode)}
+
+    def _rest_points(self, b: int, decode: bool = False) -> dict:
+        """{verify rows: seconds} of the bucket's rounds with drafts (decode: a decode step's one row too)."""
+        return {r: s for (c, r), s in self.rest.items() if c == b and (r > 1 or decode)}
 
     def measured_tiers(self, batch_size: int) -> set[int]:
         """Tiers whose draft cost in this bucket rests on at least EXPLORE_SAMPLES rounds (all
@@ -193,15 +231,16 @@ class Survival:
         self.reached = [factor * r for r in self.reached]
         self.kept = [factor * k for k in self.kept]
 
-    def observe(self, drafted: int, accepted: int) -> None:
+    def observe(self, drafted: int, accepted: int, weight: float = 1.0) -> None:
+        """A round that drafted `drafted` and kept `accepted`, counted as `weight` rounds."""
         reach = min(accepted + 1, drafted)
         missing = reach - len(self.reached)
         if missing > 0:
             self.reached += [0.0] * missing
             self.kept += [0.0] * missing
         for j in range(reach):
-            self.reached[j] += 1.0
-            self.kept[j] += float(j < accepted)
+            self.reached[j] += weight
+            self.kept[j] += weight * float(j < accepted)
 
     def keep_rate(self, j: int, prior: float, weight: float) -> float:
         """P(position j + 1 is kept | it is reached), with `weight` rounds' worth of `prior`."""
@@ -276,6 +315,7 @@ class Acceptance:
 
     survival: Survival = field(default_factory=Survival)
     prior_weight: float = PRIOR_WEIGHT  # rounds' worth of the pooled curve, aged with the request's own
+    _alive: list = field(default_factory=list)  # S(j) for j = 0 .. the longest tier, S(0) = 1
     _sums: list = field(default_factory=list)  # E[accepted | L] for L = 0 .. the longest tier
     _version: int = -1  # the pooled curve's version the sums were made with
 
@@ -287,16 +327,24 @@ class Acceptance:
         pooled rate there (other requests' text) kept such a request at a short tier (one cause
         of the synthetic pair's batch 1 at L = 8 where L = 32 keeps 31.5 of 32; the benchmark
         still shows L = 8 there: its requests end before their own rounds outweigh the prior)."""
+        self._update(pooled)
+        return self._sums[min(max(length, 0), len(self._sums) - 1)]
+
+    def alive(self, pooled: "PooledAcceptance") -> list:
+        """[1, S(1), S(2), ...] up to the longest tier: the chance that each draft position is kept."""
+        self._update(pooled)
+        return self._alive
+
+    def _update(self, pooled: "PooledAcceptance") -> None:
         if self._version != pooled.version:
-            sums, alive, rate = [0.0], 1.0, 0.0
+            alive, rate = [1.0], 0.0
             for j, prior in enumerate(pooled.keep_rates()):
                 if 0 < len(self.survival.reached) <= j:
                     prior = max(prior, rate)
                 rate = self.survival.keep_rate(j, prior, self.prior_weight)
-                alive *= rate
-                sums.append(sums[-1] + alive)
-            self._sums, self._version = sums, pooled.version
-        return self._sums[min(max(length, 0), len(self._sums) - 1)]
+                alive.append(alive[-1] * rate)
+            self._alive, self._sums = alive, [s - 1.0 for s in itertools.accumulate(alive)]
+            self._version = pooled.version
 
     def observe(self, drafted: int, accepted: int) -> None:
         """A round of the request: all it has seen so far, the prior included, ages by DECAY."""
@@ -328,13 +376,63 @@ class PooledAcceptance:
             self._rates = (self.version, rates)
         return self._rates[1]
 
-    def observe(self, drafted: int, accepted: int) -> None:
-        """The whole curve ages by POOLED_DECAY per request-round, positions this round did not
-        reach included: otherwise a failure seen further out than the rounds now reach never
-        ages, and prices the longer tiers out for good (one cause of the batch-1 lock-in at L = 8)."""
+    def observe(self, drafted: int, accepted: int, weight: float = 1.0) -> None:
+        """A request-round, counted as `weight` rounds: the request's prior weight over its first
+        (1, 0.6, 0.36, ... down to PRIOR_WEIGHT_MIN / PRIOR_WEIGHT), so that the curve says what a
+        new request keeps. Counted alike, the slowest requests' many rounds outnumbered the rest:
+        the synthetic pair's closed batch of 32 ended in ~50 rounds of its few stragglers, and the
+        next request, a batch of 1 that keeps all of L = 32, started at L = 4 from them.
+        The whole curve ages by POOLED_DECAY per request-round, whatever its weight, positions this
+        round did not reach included: otherwise a failure seen further out than the rounds now
+        reach never ages, and prices the longer tiers out for good (one cause of the batch-1
+        lock-in at L = 8)."""
         self.survival.fade(POOLED_DECAY)
-        self.survival.observe(drafted, accepted)
+        self.survival.observe(drafted, accepted, weight)
         self.version += 1
+
+
+@dataclass
+class OutputEnds:
+    """Where outputs end: the final lengths of the last ENDED_KEPT finished requests, each ended
+    by a stop token or cut at its max_new_tokens (censored: it would have gone on), as a
+    product-limit (Kaplan-Meier) estimate beside ENDED_PRIOR requests' worth of an output that
+    never ends. A draft token the request's output would not have reached is worth nothing:
+    without this, a closed batch of the synthetic pair (answers of 35-64 tokens) drafted L = 32
+    at output token 17 for requests whose answers end 20 tokens later."""
+
+    finished: collections.deque = field(default_factory=lambda: collections.deque(maxlen=ENDED_KEPT))
+    _curve: Optional[tuple] = None  # (stop lengths [T], P(F > t) at each [T]): made once per change
+
+    def observe_round(self, policies, result) -> None:
+        """Each request of a round (its `RequestPolicy` and what the round emitted) that finished:
+        at a stop token, or at its max_new_tokens."""
+        for p, emitted, accepted in zip(policies, result.emitted, result.lengths):
+            tokens = emitted[: accepted + 1]
+            stop = next((k for k, token in enumerate(tokens) if token in p.stop_ids), None)
+            if stop is not None and (p.left is None or stop < p.left):
+                self.finished.append((p.output_len + stop + 1, True))
+            elif p.left is not None and len(tokens) >= p.left:
+                self.finished.append((p.output_len + p.left, False))
+            else:
+                continue
+            self._curve = None
+
+    def going(self, output_lens: Sequence[int], horizon: int) -> Optional[torch.Tensor]:
+        """[bs, horizon + 1] P(a running request n tokens out emits its (n + 1 + j)-th token),
+        P(F > n + j) / P(F > n) for n in output_lens; None while no request ended at a stop."""
+        if self._curve is None:
+            ends = sorted({length for length, stopped in self.finished if stopped})
+            if not ends:
+                return None
+            lengths = torch.tensor([length for length, _ in self.finished], dtype=torch.float64)  # [n]
+            times = torch.tensor(ends, dtype=torch.float64)  # [T]
+            stops = torch.tensor([[length == t and stopped for t in ends] for length, stopped in self.finished])
+            at_risk = (lengths[:, None] >= times).sum(dim=0) + ENDED_PRIOR  # [T]
+            self._curve = (times, torch.cumprod(1 - stops.sum(dim=0) / at_risk, dim=0))
+        times, beyond = self._curve
+        at = torch.tensor(output_lens, dtype=torch.float64)[:, None] + torch.arange(horizon + 1)  # [bs, horizon + 1]
+        survival = torch.nn.functional.pad(beyond, (1, 0), value=1.0)[torch.searchsorted(times, at, right=True)]
+        return survival / survival[:, :1]
 
 
 class AdaptiveDraftLength(DraftLengthPolicy):
@@ -357,6 +455,8 @@ class AdaptiveDraftLength(DraftLengthPolicy):
         self._clock = {}  # this round's host times at its crossings (its measured costs)
         self._tier = 0  # this round's drafted tier (what its draft part cost)
         self.calibration = Calibration()  # P(kept | the draft's confidence), every request's rounds
+        self.ends = OutputEnds()  # where the outputs of finished requests ended
+        self._policies = ()  # this round's RequestPolicy per request
 
     @classmethod
     def of(cls, config) -> "AdaptiveDraftLength":
@@ -391,6 +491,7 @@ class AdaptiveDraftLength(DraftLengthPolicy):
         rows_of(tier) -> the verify rows of the batch at a drafting tier; steps: the decode steps
         a tier-0 round of it would run."""
         self._clock = {"start": time.perf_counter()}
+        self._policies = policies
         self._tier = tier = self._best_tier(reqs, policies, rows_of, steps)
         self._break_even = self._break_even_of(len(reqs), tier, rows_of) if tier else None
         return tier
@@ -419,17 +520,26 @@ class AdaptiveDraftLength(DraftLengthPolicy):
         """Verify rows per request at a tier: a head round's are its k + 1 chain rows."""
         return self.head_steps + 1 if tier == HEAD else rows_of(tier)
 
-    def _expected_tokens(self, tier: int, reqs, policies, steps: int) -> float:
+    def _expected_tokens(self, tier: int, reqs, policies, steps: int, going: Optional[torch.Tensor]) -> float:
         """Tokens the batch emits in a round at `tier` (a tier-0 round's `steps` decode steps), by
-        each request's acceptance curve, its drafts capped at what it can keep (`reach`)."""
+        each request's acceptance curve, its drafts capped at what it can keep (`reach`); going
+        [bs, >= the round's tokens]: the chance that each token of the round is one the request's
+        output still reaches (`OutputEnds.going`; None: every one)."""
         if tier == 0:
-            return sum(steps if p.left is None else min(steps, p.left) for p in policies)
+            counts = [steps if p.left is None else min(steps, p.left) for p in policies]
+            if going is None:
+                return sum(counts)
+            return float((going[:, :steps] * (torch.arange(steps) < torch.tensor(counts)[:, None])).sum())
         curve, pooled, k = (
             (self.head_acceptance, self.head_pooled, self.head_steps)
             if tier == HEAD
             else (self.acceptance, self.pooled, tier)
         )
-        return sum(1 + curve(req).expected(reach(p, k), pooled) for req, p in zip(reqs, policies))
+        if going is None:
+            return sum(1 + curve(req).expected(reach(p, k), pooled) for req, p in zip(reqs, policies))
+        alive = torch.tensor([curve(req).alive(pooled)[: k + 1] for req in reqs], dtype=torch.float64)  # [bs, k + 1]
+        reached = torch.arange(k + 1) <= torch.tensor([reach(p, k) for p in policies])[:, None]  # [bs, k + 1]
+        return float((alive * going[:, : k + 1] * reached).sum())
 
     def _best_tier(self, reqs, policies, rows_of, steps: int) -> int:
         bs = len(reqs)
@@ -440,10 +550,11 @@ class AdaptiveDraftLength(DraftLengthPolicy):
             first = next((t for t in self.tiers if t > 0), self.tiers[0])
             return first if first not in measured else self.tiers[0]
         rates = {}
+        going = self.ends.going([p.output_len for p in policies], max(self.tiers[-1], self.head_steps or 0, steps))
         for tier in self.tiers + ([HEAD] if self.head_steps else []):
             cost = self.costs.cost(bs, tier, self._rows(tier, rows_of), steps if tier == 0 else 1)
             if cost is not None and cost > 0:
-                rates[tier] = self._expected_tokens(tier, reqs, policies, steps) / cost
+                rates[tier] = self._expected_tokens(tier, reqs, policies, steps, going) / cost
         best = max(rates, key=lambda t: (rates[t], -t)) if rates else self.tiers[0]  # ties: the shorter tier
         probe = (
             self._probe_due(bs, rows_of, best) if best <= 0 else None
@@ -495,12 +606,15 @@ class AdaptiveDraftLength(DraftLengthPolicy):
 
     def after_round(self, reqs, window, result, steps: int) -> None:
         """`observe` with the round's times from the controller's clock (the result is on the host)."""
+        self.ends.observe_round(self._policies, result)
         start, drafts = self._clock["start"], self._clock["drafts"]
         self.observe(reqs, self._tier, window.shape.rows, window.plan, result, drafts - start,
                      time.perf_counter() - drafts, steps)  # fmt: skip
 
     def server_state(self) -> dict:
-        return {"cost_table": self.costs.to_json()}
+        stopped = sum(stop for _, stop in self.ends.finished)
+        return {"cost_table": self.costs.to_json(),
+                "output_ends": {"stopped": stopped, "cut": len(self.ends.finished) - stopped}}  # fmt: skip
 
     def observe(self, reqs, tier: int, rows: int, plan, result, draft_s: float, rest_s: float, steps: int = 1) -> None:
         """After a round (of `steps` verify passes: a tier-0 round's decode steps; HEAD: a head
@@ -514,8 +628,9 @@ class AdaptiveDraftLength(DraftLengthPolicy):
         emitted = []
         for req, drafted, accepted in zip(reqs, plan.draft_lens.tolist(), result.lengths):
             if drafted:
-                curve(req).observe(drafted, accepted)
-                pooled.observe(drafted, accepted)
+                own = curve(req)
+                pooled.observe(drafted, accepted, own.prior_weight / PRIOR_WEIGHT)  # (its weight before this round)
+                own.observe(drafted, accepted)
                 emitted.append(1 + accepted)
         paid = emitted and statistics.mean(emitted) > (self._break_even or 1.0)
         if tier == HEAD:  # a round that drafts nothing of PARSE's: the drafting probes' streak goes on

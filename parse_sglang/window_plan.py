@@ -64,6 +64,7 @@ class RequestPolicy:
     stop_ids: frozenset  # token ids that end the output (EOS, stop_token_ids); empty: ignore_eos
     phase: Optional[list] = None  # tokens of its target phase so far (target_phase.py); None: not in one
     left: Optional[int] = None  # output tokens it may still emit (max_new_tokens); None: no limit
+    output_len: int = 0  # output tokens it has emitted
 
 
 def request_policy(req, server: ParseConfig) -> RequestPolicy:
@@ -76,7 +77,7 @@ def request_policy(req, server: ParseConfig) -> RequestPolicy:
         budget = min(budget, max(left - 1, 1))
     phase = in_target_phase(req)
     judged = config.judge and req.grammar is None and phase is None
-    return RequestPolicy(config, budget, judged, settings.stop_ids, phase, left)
+    return RequestPolicy(config, budget, judged, settings.stop_ids, phase, left, len(req.output_ids))
 
 
 def cut_at_stop(draft: Sequence[int], stop_ids: frozenset) -> int:

@@ -14,6 +14,8 @@ import torch
 
 from conftest import load_benchmark
 from parse_sglang.adaptive import (
+    ENDED_PRIOR,
+    OutputEnds,
     EXPLORE_SAMPLES,
     HEAD,
     PROBE_BACKOFF_MAX,
@@ -39,10 +41,13 @@ def linear_costs(step_s: float = 0.002, verify_s: float = 0.02, row_s: float = 1
     )
 
 
+EOS = frozenset({2})
+
+
 def policies(n: int, budget: int = 32, judged: bool = False, stride: int = 4):
     """RequestPolicy's fields the controller reads: a request with `budget + 1` tokens left."""
-    return [SimpleNamespace(budget=budget, judged=judged, left=budget + 1, phase=None, config=SimpleNamespace(probe_stride=stride))
-            for _ in range(n)]  # fmt: skip
+    return [SimpleNamespace(budget=budget, judged=judged, left=budget + 1, phase=None, output_len=0, stop_ids=EOS,
+                            config=SimpleNamespace(probe_stride=stride)) for _ in range(n)]  # fmt: skip
 
 
 def rows_of(tier: int) -> int:
@@ -85,8 +90,9 @@ def test_draft_length_policies_fixed_and_adaptive():
         draft_lens=torch.tensor([8]), confidence=torch.full((1, 8), 0.9), judged=torch.tensor([False])
     )
     window = SimpleNamespace(shape=SimpleNamespace(draft_len=8, rows=9), plan=plan)
-    adaptive.after_round([req], window, SimpleNamespace(lengths=[5]), steps=1)
+    adaptive.after_round([req], window, SimpleNamespace(lengths=[5], emitted=[[7] * 9]), steps=1)
     assert req.parse.acceptance.prior_weight < Acceptance().prior_weight  # the request's own curve saw the round
+    assert not adaptive.ends.finished  # 6 of its 9 tokens left: still running
     assert sum(adaptive.calibration.reached) == pytest.approx(6, abs=0.1)  # and the calibration: 6 reached, 5 kept
     assert adaptive.server_state()["cost_table"] == adaptive.costs.to_json()
 
@@ -167,14 +173,29 @@ def test_cost_table_load_round_trip_and_bad_files(tmp_path):
         CostTable.load("/nonexistent/costs.json")
 
 
+def test_drafting_rounds_are_not_priced_from_decode_steps():
+    """Batch 1 ran tier 0 (0.6 ms a step's draft part, 2.3 ms its rest) and L = 4 (7.3 ms, 4 ms
+    at 5 rows); batch 8 ran L = 4 .. 32. Batch 1's L = 32 is batch 8's curve scaled to batch 1's
+    L = 4 cell (the synthetic pair on CPU: a line through the decode step's cell priced it near
+    twice its cost, and its batch of 1 ran tier 0). Tier 0 is still priced from its own cells."""
+    table = CostTable(fixed=True)
+    table.draft.update({(1, 0): 0.0006, (1, 4): 0.0073})
+    table.rest.update({(1, 1): 0.0023, (1, 5): 0.0040})
+    for L, draft_s, rest_s in ((4, 0.0105, 0.0070), (8, 0.0154, 0.0065), (16, 0.0303, 0.0085), (32, 0.0640, 0.0117)):
+        table.draft[8, L], table.rest[8, L + 1] = draft_s, rest_s
+    assert table.cost(1, 32, 33) == pytest.approx(0.0640 * 0.0073 / 0.0105 + 0.0117 * 0.0040 / 0.0070)
+    assert table.cost(1, 0, 1, steps=4) == pytest.approx(0.0006 + 4 * 0.0023)
+    assert table.cost(1, 4, 5) == pytest.approx(0.0073 + 0.0040)
+
+
 def test_expected_acceptance_is_the_sum_of_the_survival_curve():
     controller = AdaptiveDraftLength(TIERS, linear_costs())
     req = SimpleNamespace()
     est = controller.acceptance(req)
     assert est.expected(3, controller.pooled) == pytest.approx(0.5 + 0.25 + 0.125)  # the prior: keep rate 1/2
     assert est.expected(0, controller.pooled) == 0.0
-    for _ in range(40):  # every round drafts 8 and keeps exactly 4
-        observe(controller, [req], 8, [4])
+    for _ in range(40):  # every round drafts 8 and keeps exactly 4, and so does a new request's first
+        observe(controller, [req, SimpleNamespace()], 8, [4, 4])
     # (the request's last rounds outweigh its prior, aged down to PRIOR_WEIGHT_MIN rounds)
     expected = [est.expected(L, controller.pooled) for L in (2, 4, 8, 32)]
     assert expected[0] == pytest.approx(2, rel=0.02) and expected[1] == pytest.approx(4, rel=0.02)
@@ -196,8 +217,75 @@ def test_expected_acceptance_is_the_sum_of_the_survival_curve():
     for _ in range(20):
         observe(controller, [req], 4, [4])
     pooled = controller.acceptance(SimpleNamespace()).expected(16, controller.pooled)
-    assert est.expected(16, controller.pooled) == pytest.approx(pooled, rel=0.05)
+    assert est.expected(16, controller.pooled) == pytest.approx(pooled, rel=0.1)
     assert pooled < long_rounds - 2
+
+
+def test_a_new_request_starts_from_what_requests_keep_in_their_first_rounds():
+    """The pooled curve counts a request's rounds by its prior's weight in it (1, 0.6, 0.36, ...):
+    the synthetic pair's closed batch of 32 ended in ~50 rounds of its few stragglers, and the
+    next request, a batch of 1 that keeps all of L = 32, started at L = 4 from them. Here 32
+    requests keep all 32 in their first two rounds, then 3 stragglers run 20 rounds each keeping
+    6 of 32: a new request starts at L = 32. Control: the same rounds counted alike (the pool
+    before) start it at L = 8."""
+    controller = AdaptiveDraftLength(TIERS, linear_costs())
+    batch = [SimpleNamespace() for _ in range(32)]
+    for _ in range(2):
+        observe(controller, batch, 32, [32] * 32)
+    for _ in range(20):
+        observe(controller, batch[:3], 32, [6] * 3)
+    assert controller.choose([SimpleNamespace()], policies(1), rows_of) == 32
+    alike = AdaptiveDraftLength(TIERS, linear_costs())
+    for _ in range(2 * 32):
+        alike.pooled.observe(32, 32)
+    for _ in range(20 * 3):
+        alike.pooled.observe(32, 6)
+    assert alike.choose([SimpleNamespace()], policies(1), rows_of) == 8
+
+
+def test_output_ends_are_a_product_limit_estimate_of_finished_lengths():
+    """10 requests stopped at 38 tokens and 10 were cut at max_new_tokens = 64 (censored): a
+    request 17 tokens out emits tokens 18..38 for sure and each later one with P(F > 38 | F > 17)
+    = 1 - 10 / (20 + ENDED_PRIOR); one 40 tokens out has passed every end seen. No request
+    stopped yet, or only cuts: no estimate (every token counts)."""
+    ends = OutputEnds()
+    assert ends.going([17], 32) is None
+    cut = SimpleNamespace(left=4, output_len=60, stop_ids=EOS)
+    for _ in range(10):
+        ends.observe_round([cut], SimpleNamespace(emitted=[[5, 6, 7, 8, 9]], lengths=[4]))  # cut at 64
+    assert ends.going([17], 32) is None and list(ends.finished)[-1] == (64, False)
+    running, stopping = (
+        SimpleNamespace(left=30, output_len=30, stop_ids=EOS),
+        SimpleNamespace(left=30, output_len=32, stop_ids=EOS),
+    )
+    for _ in range(10):  # a stop token as the 6th emitted: output ends at 38; the other request goes on
+        ends.observe_round(
+            [running, stopping], SimpleNamespace(emitted=[[5] * 9, [5, 5, 5, 5, 5, 2, 5, 5, 5]], lengths=[8, 8])
+        )
+    assert list(ends.finished).count((38, True)) == 10 and len(ends.finished) == 20
+    going = ends.going([17, 40], 32)
+    later = 1 - 10 / (20 + ENDED_PRIOR)
+    assert going[0, :21].tolist() == [1.0] * 21 and going[0, 21:] == pytest.approx(
+        torch.full((12,), later, dtype=torch.float64)
+    )
+    assert going[1].tolist() == [1.0] * 33
+
+
+def test_draft_tokens_past_where_outputs_end_are_worth_nothing():
+    """Every draft kept, and past requests ended at 38 tokens: a request 33 tokens out (5 left
+    to write) is not drafted for at L = 32 but at L = 4; one 1 token out still at L = 32. Control:
+    without the ends, L = 32 for both."""
+    controller = AdaptiveDraftLength(TIERS, linear_costs())
+    for _ in range(50):
+        observe(controller, [SimpleNamespace()], 32, [32])
+    stopping = SimpleNamespace(left=30, output_len=32, stop_ids=EOS)
+    late, early = policies(2, budget=32)
+    late.output_len, late.left = 33, 64 - 33
+    assert controller.choose([SimpleNamespace()], [late], rows_of) == 32
+    for _ in range(20):
+        controller.ends.observe_round([stopping], SimpleNamespace(emitted=[[5, 5, 5, 5, 5, 2]], lengths=[5]))
+    assert controller.choose([SimpleNamespace()], [late], rows_of) == 4
+    assert controller.choose([SimpleNamespace()], [early], rows_of) == 32
 
 
 def test_a_request_that_stops_keeping_its_drafts_leaves_long_tiers_at_once():

@@ -85,6 +85,9 @@ def test_lossless_while_tiers_switch(tiny_pair, engine_factory, target_greedy):
     assert 0 < totals["mean_draft_length"] < 8
     measured = {c["L"] for c in totals["cost_table"]["draft"] if c["bucket"] == bucket(len(BATCH_PROMPTS))}
     assert {0, 2} <= measured
+    # where each output ended, as SGLang finished it: at a stop token, or cut at max_new_tokens
+    reasons = [out["meta_info"]["finish_reason"]["type"] for out in outs]
+    assert totals["output_ends"] == {"stopped": reasons.count("stop"), "cut": reasons.count("length")}
 
 
 def test_useless_draft_runs_tier_zero(tiny_pair, drafts, pinned_costs, engine_factory, target_greedy):
