@@ -2,7 +2,7 @@
 
     python benchmarks/adaptive.py [--pairs useless synthetic smollm2] [--steps 4 8 16 32]
         [--batches 1 8 32] [--modes target_only target_only_sync fixed adaptive default eagle3]
-        [--open-loop] [--seed 0] [--max-new-tokens 64] [--warm-up-runs 3] [--repeats 3]
+        [--open-loop] [--one-by-one N] [--seed 0] [--max-new-tokens 64] [--warm-up-runs 3] [--repeats 3]
         [--likelihood-threshold 0.05] [--json]
 
 For each pair, every engine is started at once, each a `python -m sglang_cpu.launch_server`
@@ -51,6 +51,12 @@ the engine's run with the median tokens/s (`tokens_per_s_runs`: all of them); it
 the medians of the ratios paired round by round (`*_runs`: each round's). On a machine without
 CUDA every server runs the CPU runtime, eagerly.
 
+ONE BY ONE (--one-by-one N). A closed batch of 1 is one prompt: whatever that prompt's draft
+keeps and wherever its output ends, the best fixed L is chosen knowing it. With --one-by-one N,
+batch 1 also gets a run (load "one_by_one") of the first N prompts, each sent alone once the one
+before has finished: concurrency 1 over a population of prompts, paired round by round like the
+other loads.
+
 OPEN LOOP (--open-loop). A closed batch sends every request at once and waits for all: the
 batch only shrinks. In serving, requests arrive while others run, so the batch changes both
 ways. With --open-loop each batch size B also gets an open-loop run (load "open"): max(2B, 8)
@@ -67,8 +73,10 @@ queue grows and its run lasts longer.
 
 COLUMNS (--json: one object per row, gpu_serving's columns plus these)
   pair, mode (MODES above), L (fixed rows; null else: server_L is the engine's largest), batch
-  load                        "closed" (the batch sent at once) or "open" (the open loop above)
-  requests                    requests in the timed run: the batch (closed), max(2B, 8) (open)
+  load                        "closed" (the batch sent at once), "open" (the open loop above) or
+                              "one_by_one" (batch 1 over --one-by-one prompts, below)
+  requests                    requests in the timed run: the batch (closed), max(2B, 8) (open), N
+                              (one_by_one)
   rate_per_s                  open: the offered arrival rate (requests/s); closed: null
   tokens_per_s                output tokens / wall time; open: / (last finish - first send)
   mean_latency_s              open: the mean over requests of finish - send (client side)
@@ -172,7 +180,8 @@ def open_requests(batch: int) -> int:
 
 def most_requests(args) -> int:
     """The most requests one timed run sends: prompts to load, requests a server admits at once."""
-    return max(args.batches + ([open_requests(b) for b in args.batches] if args.open_loop else []))
+    open_loop = [open_requests(b) for b in args.batches] if args.open_loop else []
+    return max(args.batches + open_loop + [args.one_by_one or 0])
 
 
 def load_pair(name: str, args) -> gpu_serving.Pair:
@@ -329,6 +338,24 @@ def open_loop_timing(sends: list[float], finishes: list[float]) -> tuple[float, 
     return max(finishes) - min(sends), statistics.mean(f - s for s, f in zip(sends, finishes))
 
 
+def measure_one_by_one(server, pair: gpu_serving.Pair, spec: gpu_serving.EngineSpec, args) -> dict:
+    """Batch 1 over --one-by-one prompts (load "one_by_one"): a short warm-up call (as
+    gpu_serving.measure's), then each prompt sent alone once the one before has finished,
+    counters around them."""
+    count, row = args.one_by_one, spec.rows[0]
+    prompts = pair.prompts[:count]
+    params = gpu_serving.sampling_params(pair, row, args.max_new_tokens)
+    server.generate(input_ids=prompts[:1], sampling_params=dict(params, max_new_tokens=min(args.max_new_tokens, 8)))
+    before = gpu_serving.parse_totals(server)
+    start = time.perf_counter()
+    outs = [server.generate(input_ids=prompt, sampling_params=params) for prompt in prompts]
+    wall = time.perf_counter() - start
+    after = gpu_serving.parse_totals(server)
+    call = gpu_serving.TimedCall(prompts, outs, args.max_new_tokens, wall, None, before, after)
+    measured = gpu_serving.summarize(server, pair, spec, row, 1, call)
+    return dict(measured, load="one_by_one", requests=count, rate_per_s=None, mean_latency_s=None)
+
+
 def measure_open(server, pair: gpu_serving.Pair, spec: gpu_serving.EngineSpec, batch: int, rate: float, args) -> dict:
     """batch's open-loop row: a short warm-up call (as gpu_serving.measure's), then
     open_requests(batch) requests on the seeded Poisson schedule of `rate`, counters around them."""
@@ -370,6 +397,8 @@ def measure_load(server, pair: gpu_serving.Pair, spec, batch: int, load: str, ra
     """One timed run of batch: the closed batch (gpu_serving.measure) or its open loop."""
     if load == "open":
         return measure_open(server, pair, spec, batch, rates[batch], args)
+    if load == "one_by_one":
+        return measure_one_by_one(server, pair, spec, args)
     row = gpu_serving.measure(server, pair, spec, spec.rows[0], batch, args.max_new_tokens, warm_up=True)
     return dict(row, load="closed", requests=batch, rate_per_s=None, mean_latency_s=None)
 
@@ -398,7 +427,7 @@ def run_pair(args, pair: gpu_serving.Pair, progress) -> list[dict]:
         rates = warm_up(args, pair, plan, servers)
         for round_ in range(args.repeats):
             for batch in args.batches:
-                for load in loads:
+                for load in loads + (["one_by_one"] if batch == 1 and args.one_by_one else []):
                     for i, (spec, server) in enumerate(zip(plan, servers)):
                         row = measure_load(server, pair, spec, batch, load, rates, args)
                         runs.setdefault((i, batch, load), []).append(row)
@@ -505,6 +534,13 @@ def parse_args(argv=None):
         help="each batch B also as an open loop: max(2B, 8) requests arriving at a seeded Poisson rate",
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of the open loop's arrival schedules")
+    parser.add_argument(
+        "--one-by-one",
+        type=int,
+        default=0,
+        metavar="N",
+        help="batch 1 also over N prompts, each sent once the one before has finished (load one_by_one)",
+    )
     parser.add_argument("--eagle3-steps", type=int, default=3, help="head steps per EAGLE3 round (mode eagle3)")
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument(

@@ -32,7 +32,7 @@ def pair(name="useless", prompts=20):
 def bench_args(**overrides):
     modes = [m for m in bench.MODES if m not in ("eagle3", "head")]  # they build the head: test_eagle3_engine...
     args = dict(modes=modes, steps=[4, 8], likelihood_threshold=0.05, batches=[1, 8], open_loop=True,
-                seed=0, max_new_tokens=4, eagle3_steps=3, cache_dir=None)  # fmt: skip
+                seed=0, max_new_tokens=4, eagle3_steps=3, cache_dir=None, one_by_one=0)  # fmt: skip
     return SimpleNamespace(**{**args, **overrides})
 
 
@@ -172,6 +172,19 @@ def test_open_loop_requests_are_in_flight_together_and_make_a_row():
     assert row["prefill_s"] is None and row["decode_s"] is None and row["round_ms"] is None
     assert row["rounds"] == 16 and row["mean_L"] == 4.0 and row["tokens_per_round"] == pytest.approx(24 / 16)
     assert row["mean_latency_s"] > 0 and row["mode"] == "default"
+
+
+def test_one_by_one_sends_each_prompt_after_the_last_and_makes_a_row():
+    """Each prompt alone (the fake server's barrier of 1: none waits for another), 6 of them,
+    counted as one batch-1 row of 6 requests; the flag loads enough prompts."""
+    spec = bench.engines(bench_args(), pair())[-1]
+    row = bench.measure_one_by_one(FakeServer(1), pair(), spec, args=bench_args(one_by_one=6))
+    assert (row["load"], row["requests"], row["batch"], row["rate_per_s"]) == ("one_by_one", 6, 1, None)
+    assert row["output_tokens"] == 24 and row["rounds"] == 12 and row["mean_L"] == 4.0
+    assert [ids[0] for ids in row["output_ids"]] == list(range(6))
+    assert row["prefill_s"] is None and row["round_ms"] is None
+    assert bench.parse_args(["--one-by-one", "6"]).one_by_one == 6
+    assert bench.most_requests(bench_args(batches=[1, 8], open_loop=False, one_by_one=12)) == 12
 
 
 # ---- ratios per load, merging ------------------------------------------------------------------
