@@ -122,7 +122,8 @@ class CostTable:
     def cost(self, batch_size: int, tier: int, rows: int, steps: int = 1) -> Optional[float]:
         """Seconds of a round at this tier and verify rows (`steps` verify passes: a tier-0
         round's decode steps), from the batch's bucket or, where that cannot estimate it, the
-        nearest bucket that can (the smaller on a tie: a cost priced low is tried, and so measured; one priced high never is); None where no bucket can yet. Tier 0 (decode
+        nearest bucket that can (the smaller on a tie: a tier priced low is tried, and so
+        measured; one priced high never is); None where no bucket can yet. Tier 0 (decode
         steps) is priced from tier-0 rounds only, the nearest bucket's that ran one: drafting
         rounds carry a draft chain, a judge and the drafts' trip that a decode step lacks, so
         extrapolating their cells down to L = 0 and one row priced it at several times its cost.
@@ -424,11 +425,11 @@ class OutputEnds:
             ends = sorted({length for length, stopped in self.finished if stopped})
             if not ends:
                 return None
-            lengths = torch.tensor([length for length, _ in self.finished], dtype=torch.float64)  # [n]
+            lengths, stopped = (torch.tensor(column, dtype=torch.float64) for column in zip(*self.finished))  # [n]
             times = torch.tensor(ends, dtype=torch.float64)  # [T]
-            stops = torch.tensor([[length == t and stopped for t in ends] for length, stopped in self.finished])
+            stops = ((lengths[:, None] == times) * stopped[:, None]).sum(dim=0)  # [T]
             at_risk = (lengths[:, None] >= times).sum(dim=0) + ENDED_PRIOR  # [T]
-            self._curve = (times, torch.cumprod(1 - stops.sum(dim=0) / at_risk, dim=0))
+            self._curve = (times, torch.cumprod(1 - stops / at_risk, dim=0))
         times, beyond = self._curve
         at = torch.tensor(output_lens, dtype=torch.float64)[:, None] + torch.arange(horizon + 1)  # [bs, horizon + 1]
         survival = torch.nn.functional.pad(beyond, (1, 0), value=1.0)[torch.searchsorted(times, at, right=True)]
