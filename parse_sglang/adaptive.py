@@ -31,6 +31,7 @@ from typing import Optional, Sequence
 
 import torch
 
+from parse_sglang.acceptance import emitted_tokens
 from parse_sglang.draft_length import DraftLengthPolicy
 from parse_sglang.request_state import state_of
 from parse_sglang.target_phase import phase_room
@@ -408,15 +409,11 @@ class OutputEnds:
         """Each request of a round (its `RequestPolicy` and what the round emitted) that finished:
         at a stop token, or at its max_new_tokens."""
         for p, emitted, accepted in zip(policies, result.emitted, result.lengths):
-            tokens = emitted[: accepted + 1]
-            stop = next((k for k, token in enumerate(tokens) if token in p.stop_ids), None)
-            if stop is not None and (p.left is None or stop < p.left):
-                self.finished.append((p.output_len + stop + 1, True))
-            elif p.left is not None and len(tokens) >= p.left:
-                self.finished.append((p.output_len + p.left, False))
-            else:
-                continue
-            self._curve = None
+            cap = p.left if p.left is not None else accepted + 2  # no max_new_tokens: never cut
+            tokens, finished = emitted_tokens(emitted[:accepted], accepted, emitted[accepted], p.stop_ids, cap)
+            if finished:
+                self.finished.append((p.output_len + len(tokens), tokens[-1] in p.stop_ids))
+                self._curve = None
 
     def going(self, output_lens: Sequence[int], horizon: int) -> Optional[torch.Tensor]:
         """[bs, horizon + 1] P(a running request n tokens out emits its (n + 1 + j)-th token),
