@@ -107,13 +107,17 @@ class CostTable:
     fixed: bool = False
     _samples: dict = field(default_factory=dict)  # (cells, key) -> [warm-up, the last SAMPLES seconds]
 
-    def observe(self, batch_size: int, tier: int, rows: int, draft_s: float, rest_s: float) -> None:
+    def observe(self, batch_size: int, tier: int, rows: int, draft_s: Optional[float], rest_s: float) -> None:
+        """A round's seconds: its draft part (None: no sample of its tier's cost, though it may be
+        the tier's uncounted warm-up round) and the rest."""
         if self.fixed:
             return
         b = bucket(batch_size)
         drafted = (self.head, b) if tier == HEAD else (self.draft, (b, tier))
         for cells, key, value in ((*drafted, draft_s), (self.rest, (b, rows), rest_s)):
             samples = self._samples.setdefault((id(cells), key), [])
+            if value is None and samples:  # no sample of the tier's cost, unless as its warm-up round
+                continue
             samples.append(value)
             if len(samples) == 1:  # the warm-up round: not counted
                 continue
@@ -598,25 +602,33 @@ class AdaptiveDraftLength(DraftLengthPolicy):
         zero, cost = self.costs.cost(bs, 0, rows_of(0)), self.costs.cost(bs, tier, self._rows(tier, rows_of))
         return cost / zero if zero and cost else None
 
-    def drafts_on_host(self) -> None:
-        """The round's drafts reached the host: its draft part ends here (`choose` started it)."""
+    def drafts_on_host(self, priced: bool = True) -> None:
+        """The round's drafts reached the host: its draft part ends here (`choose` started it);
+        priced False: that part is no sample of its tier's cost. A deferred prefill's catch-up (the
+        draft over whole prompts) had added 13 ms to a 39 ms L = 8 draft part at batch 32 (the
+        synthetic pair on CPU), and a closed batch's first round is the one that pays it: priced
+        from it, L = 8 went from 66 to 81 ms a round and the batch of 32 ran L = 4."""
         self._clock.setdefault("drafts", time.perf_counter())
+        self._clock.setdefault("priced", priced)
 
     def after_round(self, reqs, window, result, steps: int) -> None:
         """`observe` with the round's times from the controller's clock (the result is on the host)."""
         self.ends.observe_round(self._policies, result)
         start, drafts = self._clock["start"], self._clock["drafts"]
-        self.observe(reqs, self._tier, window.shape.rows, window.plan, result, drafts - start,
-                     time.perf_counter() - drafts, steps)  # fmt: skip
+        draft_s = drafts - start if self._clock["priced"] else None
+        self.observe(reqs, self._tier, window.shape.rows, window.plan, result, draft_s, time.perf_counter() - drafts,
+                     steps)  # fmt: skip
 
     def server_state(self) -> dict:
         stopped = sum(stop for _, stop in self.ends.finished)
         return {"cost_table": self.costs.to_json(),
                 "output_ends": {"stopped": stopped, "cut": len(self.ends.finished) - stopped}}  # fmt: skip
 
-    def observe(self, reqs, tier: int, rows: int, plan, result, draft_s: float, rest_s: float, steps: int = 1) -> None:
+    def observe(self, reqs, tier: int, rows: int, plan, result, draft_s: Optional[float], rest_s: float,
+                steps: int = 1) -> None:  # fmt: skip
         """After a round (of `steps` verify passes: a tier-0 round's decode steps; HEAD: a head
-        round): its costs, the rest per pass, and each request's acceptance (host plan and result)."""
+        round): its costs (draft_s None: its draft part is no cost of its tier), the rest per pass,
+        and each request's acceptance (host plan and result)."""
         self.costs.observe(len(reqs), tier, rows, draft_s, rest_s / steps)
         if tier == 0:
             self._zero_streak += steps

@@ -21,8 +21,9 @@ class DraftLengthPolicy:
         request at L; steps: the decode steps a round of L = 0 would run."""
         raise NotImplementedError
 
-    def drafts_on_host(self) -> None:
-        """The round's drafts reached the host: its draft part ends."""
+    def drafts_on_host(self, priced: bool = True) -> None:
+        """The round's drafts reached the host: its draft part ends; priced False: it held a
+        deferred prefill's catch-up (`DraftChain.catch_up`), no cost of the round's tier."""
 
     def verify_length(self, policies: Sequence, confidence, rows_of: Callable[[int], int]) -> int:
         """How many of the L drafted tokens the round verifies (at most L); confidence [bs, L] on

@@ -164,7 +164,7 @@ class ParseWorker(WorkerSetup, BaseSpecWorker):
         if length == 0:  # tier 0: plain decode steps, the draft idle
             return self._decode_steps(batch, committed, policies, steps)
         draft = self._draft(batch, committed, length)  # 1. d_1..d_L, their confidence (and their q)
-        window = self._plan_window(committed, draft.tokens, draft.confidence, policies)  # 2.-5. boundaries, probes
+        window = self._plan_window(committed, draft, policies)  # 2.-5. boundaries, probes
         chain_logits, probe_logits, verify_graphed = self._verify(batch, committed, window)  # 6. ONE forward
         accepted = self._accept(batch, committed, window, chain_logits, probe_logits, draft.proposals)  # 7.-8.
         accepted = self.tp.share_accepted(accepted)  # TP: rank 0's decisions on every rank
@@ -181,7 +181,7 @@ class ParseWorker(WorkerSetup, BaseSpecWorker):
         drafts, head_graphed = self.head.draft(batch, committed, self.req_to_token_pool)  # [bs, k]
         exact = [dataclasses.replace(p, judged=False) for p in policies]
         no_confidence = torch.ones_like(drafts, dtype=torch.float32)  # the verify is never cut
-        window = self._plan_window(committed, drafts, no_confidence, exact, cut=False)
+        window = self._plan_window(committed, Draft(drafts, no_confidence, None, head_graphed), exact, cut=False)
         chain_logits, probe_logits, verify_graphed = self._verify(batch, committed, window)
         accepted = self._accept(batch, committed, window, chain_logits, probe_logits, None)
         accepted = self.tp.share_accepted(accepted)
@@ -226,14 +226,15 @@ class ParseWorker(WorkerSetup, BaseSpecWorker):
         as one run (the KV of c_n and the first steps - 1 tokens is written); the result comes
         to the host once, and each step is counted as a round of L = 0."""
         bs = len(batch.reqs)
-        no_drafts = torch.empty((bs, 0), dtype=torch.int64)  # on the host: nothing to copy (nor confidence)
+        nothing = torch.empty((bs, 0), dtype=torch.int64)  # on the host: nothing to copy (nor confidence)
+        no_drafts = Draft(nothing, nothing, None, True)
         no_proposals = None  # the rejection rule's q of a sampled batch: [bs, 0, V]
         if self.rejection_sampling and not batch.sampling_info.is_all_greedy:
             no_proposals = torch.empty((bs, 0, self.model_runner.model_config.vocab_size), device=self.device)
         tokens, graphed, aux = [committed.last_tokens], True, []
         for j in range(steps):
             step = Committed(committed.seq_lens + j, committed.seq_lens_cpu + j, committed.rows, tokens[-1])
-            window = self._plan_window(step, no_drafts, no_drafts, policies)
+            window = self._plan_window(step, no_drafts, policies)
             chain_logits, probe_logits, step_graphed = self._verify(batch, step, window)
             accepted = self._accept(batch, step, window, chain_logits, probe_logits, no_proposals)
             accepted = self.tp.share_accepted(accepted)
@@ -262,15 +263,14 @@ class ParseWorker(WorkerSetup, BaseSpecWorker):
         set_lengths(batch, committed)
         return self._draft_worker.draft(batch, committed.last_tokens, committed.rows, length)
 
-    def _plan_window(self, committed: Committed, drafts: torch.Tensor, confidence: torch.Tensor, policies,
-                     cut: bool = True) -> Window:  # fmt: skip
+    def _plan_window(self, committed: Committed, draft: Draft, policies, cut: bool = True) -> Window:
         """Boundaries per request (the drafts' and their confidences' one trip to the host, packed),
         then one device-built window for all of them (the plan's one trip to the device). The
         window holds the first `verify_length` drafts: all L, or (`cut`) an adaptive server's shorter
         tier where the confidences say the rest will not survive (a host decision: no copy)."""
-        drafted = [drafts, confidence]  # [bs, L] each
+        drafted = [draft.tokens, draft.confidence]  # [bs, L] each
         drafts_host, confidence_host = unpack(pack(drafted).cpu(), fields_of(drafted))
-        self.draft_length.drafts_on_host()  # the end of the round's draft part (its measured cost)
+        self.draft_length.drafts_on_host(draft.priced)  # the end of the round's draft part (its measured cost)
         if cut and drafts_host.shape[1]:
             verified = self._shared(self.draft_length.verify_length(policies, confidence_host, self._rows_of(policies)))
             drafts_host, confidence_host = drafts_host[:, :verified], confidence_host[:, :verified]

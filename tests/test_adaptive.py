@@ -129,6 +129,39 @@ def test_cost_table_skips_warm_up_takes_medians_and_interpolates():
     assert table.cost(4, 4, 5) == pytest.approx(2.0)  # 4: as near 8 as 1 (powers of two); the larger wins
 
 
+def test_a_round_that_caught_up_over_a_deferred_prefill_is_no_sample_of_its_tier(cpu_runtime, monkeypatch):
+    """The first drafting round after deferred prefills extends the draft over whole prompts
+    (`DraftChain.catch_up`, which says so); its draft part is then no cost of its tier, its rest
+    is. Control: the same round priced counts (the cell's median moves)."""
+    from parse_sglang import draft_chain
+
+    monkeypatch.setattr(draft_chain, "get_schedule", lambda: SimpleNamespace(chunked_prefill_size=0))
+    chain, pieces = draft_chain.DraftChain.__new__(draft_chain.DraftChain), []
+    chain._extend_pieces = lambda batch, rows, extended: pieces.append(extended)
+    reqs = [SimpleNamespace(), SimpleNamespace()]
+    batch = SimpleNamespace(reqs=reqs, seq_lens_cpu=torch.tensor([10, 12]))
+    assert chain.catch_up(batch, rows=None) is False and not pieces  # nothing behind: no extend
+    for req, behind in zip(reqs, (4, 3)):  # tier-0 steps: the last few tokens
+        draft_chain.state_of(req).draft_behind = behind
+    assert chain.catch_up(batch, rows=None) is False and pieces == [[(6, 10), (9, 12)]]
+    chain.prefill(SimpleNamespace(reqs=reqs[:1], seq_lens_cpu=torch.tensor([10])), defer=True)
+    assert chain.catch_up(batch, rows=None) is True and pieces[-1] == [(0, 10), (11, 12)]  # a whole prompt
+
+    for priced, median in ((False, 0.02), (True, 0.05)):
+        controller = AdaptiveDraftLength([4], CostTable())  # every round at L = 4
+        req = SimpleNamespace()
+        # a caught-up round as the uncounted warm-up, two counted, then two more caught up
+        for draft_s, caught_up in ((0.5, True), (0.02, False), (0.02, False), (0.08, True), (0.08, True)):
+            assert controller.choose([req], policies(1), rows_of, steps=4) == 4
+            controller._clock["start"] -= draft_s  # the round's draft part took draft_s
+            controller.drafts_on_host(priced=priced or not caught_up)
+            window = SimpleNamespace(shape=SimpleNamespace(rows=5), plan=SimpleNamespace(
+                draft_lens=torch.tensor([4]), confidence=torch.ones(1, 4), judged=torch.tensor([False])))  # fmt: skip
+            controller.after_round([req], window, SimpleNamespace(lengths=[4], emitted=[[7] * 5]), steps=1)
+        assert controller.costs.draft[1, 4] == pytest.approx(median, rel=0.2) and controller.costs.measured_tiers(1)
+        assert len(controller.costs._samples[id(controller.costs.rest), (1, 5)]) == 5  # every round's rest counts
+
+
 def test_tier_zero_is_priced_from_tier_zero_rounds_not_from_drafting_rounds():
     """A bucket that never ran tier 0 prices it (a decode step: no draft chain, one verify row)
     from the nearest bucket's tier-0 rounds: extrapolating its drafting rounds' cells down to
