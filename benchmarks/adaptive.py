@@ -2,7 +2,7 @@
 
     python benchmarks/adaptive.py [--pairs useless synthetic smollm2] [--steps 4 8 16 32]
         [--batches 1 8 32] [--modes target_only target_only_sync fixed adaptive default eagle3]
-        [--open-loop] [--one-by-one N] [--seed 0] [--max-new-tokens 64] [--warm-up-runs 3] [--repeats 3]
+        [--adaptive-tiers T ...] [--open-loop] [--one-by-one N] [--seed 0] [--max-new-tokens 64] [--warm-up-runs 3] [--repeats 3]
         [--likelihood-threshold 0.05] [--json]
 
 For each pair, every engine is started at once, each a `python -m sglang_cpu.launch_server`
@@ -15,8 +15,9 @@ the 2-core CPU the tiny pairs' 7 engines before `default` took ~13 GB, SmolLM2's
   target_only_sync  the target alone with overlap scheduling off, as PARSE runs SGLang's
                scheduler: what a decode step costs without the overlap PARSE gives up
   fixed        PARSE at each L of --steps (one engine per L), adaptive off
-  adaptive     PARSE with `adaptive: true`, L = max(--steps), the default tiers {0, 4, 8, 16, 32}
-               up to L, costs measured online (no cost table): what a user gets from the flag
+  adaptive     PARSE with `adaptive: true`, L = max(--steps), the default tiers (L = 32:
+               {0, 8, 32}; --adaptive-tiers: those and L), costs measured online (no cost table):
+               what a user gets from the flag
   default      PARSE with no PARSE settings at all (`--speculative-algorithm PARSE
                --speculative-draft-model-path D`, no --parse-config, no --speculative-num-steps):
                whatever the package's defaults are, the judge included, on every pair (where
@@ -231,7 +232,8 @@ def engines(args, pair: gpu_serving.Pair) -> list[gpu_serving.EngineSpec]:
             name = f"PARSE defaults ({'adaptive L<=' if config.adaptive else 'L='}{config.draft_budget})"
             settings = dict(speculative_algorithm="PARSE", speculative_draft_model_path=pair.draft)
         else:
-            config = ParseConfig(draft_budget=L or max(args.steps), adaptive=L is None, **judge)
+            tiers = dict(adaptive_tiers=args.adaptive_tiers) if L is None else {}
+            config = ParseConfig(draft_budget=L or max(args.steps), adaptive=L is None, **tiers, **judge)
             name = f"PARSE L={L}" if L else f"PARSE adaptive L<={config.draft_budget}"
             settings = parse_engine_kwargs(pair.draft, config)
         row = gpu_serving.RowSpec(mode, L)
@@ -541,6 +543,14 @@ def parse_args(argv=None):
         metavar="N",
         help="batch 1 also over N prompts, each sent once the one before has finished (load one_by_one)",
     )
+    parser.add_argument(
+        "--adaptive-tiers",
+        nargs="+",
+        type=int,
+        default=[],
+        metavar="T",
+        help="the adaptive engine's tiers, each below the largest --steps (default: the package's)",
+    )
     parser.add_argument("--eagle3-steps", type=int, default=3, help="head steps per EAGLE3 round (mode eagle3)")
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument(
@@ -577,6 +587,7 @@ def parse_args(argv=None):
         ("repeats", [args.repeats], 1, 100),
         ("max-new-tokens", [args.max_new_tokens], 2, 1 << 20),
         ("eagle3-steps", [args.eagle3_steps], 1, 32),
+        ("adaptive-tiers", args.adaptive_tiers, 0, max(args.steps) - 1),
     ):
         for value in values:
             if not low <= value <= high:

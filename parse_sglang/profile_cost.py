@@ -2,7 +2,7 @@
 tier and batch size on this machine, print the table, and write it for `cost_table`.
 
     python -m parse_sglang.profile_cost --model-path T --draft-model-path D [--num-steps 32]
-        [--parse-config JSON] [--tiers 0 4 8 16 32] [--batch 1 8 32] [--max-new-tokens 48]
+        [--parse-config JSON] [--tiers 0 8 32] [--batch 1 8 32] [--max-new-tokens 48]
         [--out costs.json] [--engine-arg KEY=VALUE ...]
 
 For each tier t one adaptive engine whose only tier is t (L = t; for tier 0, L = 1 and tiers
@@ -28,7 +28,7 @@ from types import SimpleNamespace
 from typing import Sequence
 
 from parse_sglang.adaptive import CostTable
-from parse_sglang.settings import DEFAULT_TIERS, ParseConfig, server_parse_config
+from parse_sglang.settings import ParseConfig, server_parse_config
 
 PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle."
 
@@ -76,7 +76,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--draft-model-path", required=True)
     parser.add_argument("--num-steps", type=int, default=ParseConfig.draft_budget, help="L, the longest tier")
     parser.add_argument("--parse-config", default="{}", help="the server's other PARSE settings (JSON)")
-    parser.add_argument("--tiers", type=int, nargs="+", help=f"default: {list(DEFAULT_TIERS)} up to L, and L")
+    parser.add_argument("--tiers", type=int, nargs="+", help="default: an adaptive server's (L = 32: 0 8 32)")
     parser.add_argument("--batch", type=int, nargs="+", default=[1, 8, 32])
     parser.add_argument("--max-new-tokens", type=int, default=48)
     parser.add_argument("--out", help="write the table here (JSON, for cost_table)")

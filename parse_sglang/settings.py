@@ -32,7 +32,21 @@ DEFAULT_DELIMITERS = ("\n", ". ", "? ", "! ")
 AFTER_REJECTION_POLICIES = ("redraft", "target_to_delimiter")
 VERIFY_WINDOWS = ("auto", "fixed", "variable")
 JUDGE_MODES = ("probe", "likelihood", "both")
-DEFAULT_TIERS = (0, 4, 8, 16, 32)  # adaptive draft lengths, up to L (and L itself)
+TIER_RATIO = 4  # the default adaptive tiers: L, L / 4, L / 16, ... while at least TIER_RATIO, and 0
+
+
+def default_tiers(length: int) -> tuple[int, ...]:
+    """An adaptive server's tiers at draft budget L = `length`: 0, and L divided by TIER_RATIO
+    while it stays at least TIER_RATIO (L = 32: {0, 8, 32}; 16: {0, 4, 16}; 8: {0, 8}). Few
+    tiers, far apart: every tier is a cost cell per batch-size bucket to measure, and the
+    controller takes the best of estimates that err, so near-equal tiers mostly add error; on
+    the synthetic pair {0, 8, 32} ran 1.06-1.18x the ladder {0, 4, 8, 16, 32} over 16 prompts one
+    by one and closed batches of 8 and 32 (benchmarks/README.md, docs/adaptive.md)."""
+    tiers, tier = [0], length
+    while tier >= TIER_RATIO:
+        tiers.append(tier)
+        tier //= TIER_RATIO
+    return tuple(sorted(tiers))
 
 
 @dataclass(frozen=True)
@@ -58,7 +72,7 @@ class ParseConfig:
     adaptive: each round's L chosen among `adaptive_tiers` by measured cost and the acceptance
         seen (parse_sglang/adaptive.py); off: every round drafts L. Server-wide.
     adaptive_tiers: the draft lengths an adaptive server chooses among (0: plain decode steps);
-        empty: DEFAULT_TIERS up to L, and L. Server-wide.
+        empty: `default_tiers(L)`, L = 32: {0, 8, 32}. Server-wide.
     tier0_steps: the plain decode steps one tier-0 round runs back to back on the device (at
         most L + 1 and the batch's longest output left; 1 where a step's token must reach the
         host before the next is sampled: grammar, penalties, logprobs). Server-wide.
@@ -159,8 +173,7 @@ class ParseConfig:
         """The draft lengths this server's rounds run at: L alone, or the adaptive tiers."""
         if not self.adaptive:
             return (self.draft_budget,)
-        chosen = self.adaptive_tiers or tuple(t for t in DEFAULT_TIERS if t < self.draft_budget)
-        return tuple(sorted(set(chosen) | {self.draft_budget}))
+        return tuple(sorted(set(self.adaptive_tiers or default_tiers(self.draft_budget)) | {self.draft_budget}))
 
     @property
     def chain_lengths(self) -> tuple[int, ...]:

@@ -80,10 +80,10 @@ def test_draft_length_policies_fixed_and_adaptive():
     assert not fixed.per_round and fixed.server_state() == {}
     assert fixed.choose([SimpleNamespace()], policies(1), rows_of, steps=4) == 8
     adaptive = AdaptiveDraftLength.of(ParseConfig(draft_budget=8, adaptive=True))
-    assert adaptive.per_round and adaptive.tiers == [0, 4, 8]
+    assert adaptive.per_round and adaptive.tiers == [0, 8]
     req = SimpleNamespace()
     tier = adaptive.choose([req], policies(1, budget=8), rows_of, steps=4)
-    assert tier == 4  # nothing measured: the shortest drafting tier first
+    assert tier == 8  # nothing measured: the shortest drafting tier first
     adaptive.drafts_on_host()
     assert getattr(req, "parse", None) is None  # nothing learnt of the request before its round ends
     plan = SimpleNamespace(
@@ -635,11 +635,12 @@ def test_bad_adaptive_settings_are_refused_by_name(values, message):
         server_parse_config(SimpleNamespace(_parse_config=values), 32)
 
 
-def test_tiers_default_to_the_standard_set_up_to_l():
+def test_tiers_default_to_l_divided_by_four_while_at_least_four():
     assert ParseConfig(draft_budget=32, adaptive=False).tiers == (32,)
-    assert ParseConfig(draft_budget=32).tiers == (0, 4, 8, 16, 32)  # adaptive is the default
-    assert ParseConfig(draft_budget=32, adaptive=True).tiers == (0, 4, 8, 16, 32)
-    assert ParseConfig(draft_budget=12, adaptive=True).tiers == (0, 4, 8, 12)
+    assert ParseConfig(draft_budget=32).tiers == (0, 8, 32)  # adaptive is the default
+    assert [ParseConfig(draft_budget=L).tiers for L in (2, 8, 12, 16, 64)] == [
+        (0, 2), (0, 8), (0, 12), (0, 4, 16), (0, 4, 16, 64)
+    ]  # fmt: skip
     assert ParseConfig(draft_budget=12, adaptive=True, adaptive_tiers=[2, 0]).tiers == (0, 2, 12)
 
 

@@ -32,7 +32,7 @@ def pair(name="useless", prompts=20):
 def bench_args(**overrides):
     modes = [m for m in bench.MODES if m not in ("eagle3", "head")]  # they build the head: test_eagle3_engine...
     args = dict(modes=modes, steps=[4, 8], likelihood_threshold=0.05, batches=[1, 8], open_loop=True,
-                seed=0, max_new_tokens=4, eagle3_steps=3, cache_dir=None, one_by_one=0)  # fmt: skip
+                seed=0, max_new_tokens=4, eagle3_steps=3, cache_dir=None, one_by_one=0, adaptive_tiers=[])  # fmt: skip
     return SimpleNamespace(**{**args, **overrides})
 
 
@@ -60,7 +60,10 @@ def test_default_engine_has_no_parse_settings_and_the_packages_config():
     settings = [(s.config.draft_budget, s.config.adaptive, s.config.judge) for s in fixed]
     assert settings == [(4, False, False), (8, False, False)]
     assert (adaptive.config.draft_budget, adaptive.config.adaptive, adaptive.config.judge) == (8, True, False)
+    assert adaptive.config.tiers == (0, 8)  # the package's default tiers at L = 8
     assert fixed[0].settings["speculative_num_steps"] == 4
+    adaptive = bench.engines(bench_args(adaptive_tiers=[0, 2, 4]), pair())[4]  # --adaptive-tiers
+    assert adaptive.rows[0].mode == "adaptive" and adaptive.config.tiers == (0, 2, 4, 8)
 
 
 def test_judged_pair_names_its_judge_and_modes_pick_engines():
@@ -96,6 +99,10 @@ def test_modes_and_open_loop_flags(capsys):
     for argv, message in (
         (["--modes", "default"], "--modes=default is invalid: allowed is a list with target_only"),
         (["--modes", "target_only", "eagle"], "--modes=eagle is invalid: allowed is one of target_only, "),
+        (
+            ["--steps", "8", "--adaptive-tiers", "0", "8"],
+            "--adaptive-tiers=8 is invalid: allowed is an integer in [0, 7]",
+        ),
     ):
         with pytest.raises(SystemExit):
             bench.parse_args(argv)

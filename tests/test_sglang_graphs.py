@@ -132,16 +132,16 @@ def test_graph_reservations_of_the_design_example():
     assert f"{r.total / MIB:.0f} MiB" in r.describe()
     lossless = reservations(probe_config(draft_budget=32, judge=False), suffix_len=0)  # one width: no probes
     assert lossless.verify_kv_indices == chain_indices
-    # Adaptive tiers 0/4/8/16/32: widths 1, 5+23, 5, 9+23, 9, 17+46, 17, 33 and 125; chains of 6..34
-    # steps (tier 0 has none: its rounds skip the draft).
+    # Adaptive tiers 0/8/32: widths 1, 9+23, 9, 33 and 125; chains of 10 and 34 steps (tier 0 has
+    # none: its rounds skip the draft).
     adaptive = reservations(probe_config(draft_budget=32, probe_stride=8, adaptive=True), suffix_len=23)
-    assert adaptive.verify_kv_indices == 48 * (1 + 28 + 5 + 32 + 9 + 63 + 17 + 125 + 33) * 40960 * 4
-    assert adaptive.draft_kv_indices == (6 + 10 + 18 + 34) * 48 * 40960 * 4
+    assert adaptive.verify_kv_indices == 48 * (1 + 32 + 9 + 125 + 33) * 40960 * 4
+    assert adaptive.draft_kv_indices == (10 + 34) * 48 * 40960 * 4
     # With an EAGLE-3 head of k = 3 reading 3 aux layers of hidden 4096 (bf16): its head-round verify
     # width 4, every width's aux buffer, and its chain's and extend's KV indices (2k + 1 rows)
     config = ParseConfig(draft_budget=32, judge=False, adaptive=True, eagle3_head="h", eagle3_steps=3)
     headed = dataclasses.replace(reservations(config, suffix_len=0), head_steps=3, aux_width=3 * 4096)
-    widths = (1, 4, 5, 9, 17, 33)
+    widths = (1, 4, 9, 33)
     assert headed.verify_widths == widths
     assert headed.head == 48 * sum(widths) * 3 * 4096 * 2 + 7 * 48 * 40960 * 4
     assert headed.total - headed.head == dataclasses.replace(headed, head_steps=0).total
