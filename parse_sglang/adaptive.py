@@ -604,10 +604,11 @@ class AdaptiveDraftLength(DraftLengthPolicy):
 
     def drafts_on_host(self, priced: bool = True) -> None:
         """The round's drafts reached the host: its draft part ends here (`choose` started it);
-        priced False: that part is no sample of its tier's cost. A deferred prefill's catch-up (the
-        draft over whole prompts) had added 13 ms to a 39 ms L = 8 draft part at batch 32 (the
-        synthetic pair on CPU), and a closed batch's first round is the one that pays it: priced
-        from it, L = 8 went from 66 to 81 ms a round and the batch of 32 ran L = 4."""
+        priced False: that part is no sample of its tier's cost (`Draft.priced`: a catch-up longer
+        than the chain). A deferred prefill's catch-up (the draft over whole prompts) had added 13 ms
+        to a 39 ms L = 8 draft part at batch 32 (the synthetic pair on CPU), and a closed batch's
+        first round is the one that pays it: priced from it, L = 8 went from 66 to 81 ms a round and
+        the batch of 32 ran L = 4."""
         self._clock.setdefault("drafts", time.perf_counter())
         self._clock.setdefault("priced", priced)
 

@@ -92,7 +92,7 @@ class Draft(NamedTuple):
     confidence: torch.Tensor  # [bs, L] float32, the draft's top-1 probability at each step
     proposals: Optional[torch.Tensor]  # [bs, L, V] q of each d_j (None: an all-greedy batch)
     graphed: bool  # the chain ran as one graph replay
-    priced: bool = True  # False: the draft first caught up over a deferred prefill, no cost of its tier (`catch_up`)
+    priced: bool = True  # False: the draft first caught up over more than its chain's L + 1 tokens (`draft`)
 
 
 @dataclass
@@ -185,12 +185,15 @@ class DraftChain(StandaloneDraftWorker):
         """The round's `Draft` at draft length L = `length` > 0; rows: the batch's
         req_pool_indices. Its confidence is a view of the chain's buffer: read it before the
         next chain runs."""
-        prefilled = self.catch_up(batch, rows)
+        # a catch-up longer than the chain (a deferred prefill, a long stretch of tier-0 rounds) is what
+        # switching to drafting costs, not what a round of the tier does: priced in, probes after long
+        # stretches made L = 8 look dearer than tier 0 where it is 1.26x target-only (the real pair)
+        behind = self.catch_up(batch, rows)
         chain, proposals, graphed = self._run_chain(batch, last_tokens, length)
         bs, steps = last_tokens.shape[0], slice(1, 1 + length)
         confidence = self._confidence[:bs, :length]  # step i's logits give d_{i+1}
         proposals = proposals[:, steps] if proposals is not None else None
-        return Draft(chain[:, steps], confidence, proposals, graphed, priced=not prefilled)
+        return Draft(chain[:, steps], confidence, proposals, graphed, priced=behind <= length + 1)
 
     def draft_forward(self, forward_batch: ForwardBatch):
         """SGLang's chain (`EagleDraftWorker.draft_forward`, also what its graph runner
@@ -228,17 +231,17 @@ class DraftChain(StandaloneDraftWorker):
             setattr(self, name, buffer)
         return buffer
 
-    def catch_up(self, batch: ScheduleBatch, rows: torch.Tensor) -> bool:
+    def catch_up(self, batch: ScheduleBatch, rows: torch.Tensor) -> int:
         """Draft extends over the committed tokens whose draft KV is missing: the last
         `draft_behind` (`req.parse`) before c_n, skipped by tier-0 rounds or a deferred prefill.
         Only a round that resumes drafting pays it, like a prefill: each extend has every request
         (its next piece of at most `piece` tokens, or its last token again: rewriting a token's
         draft KV over a context that has it is harmless), its tokens and lengths in one
-        host-to-device copy. batch.seq_lens_cpu: the committed lengths P. Returns whether it
-        extended a request's whole sequence (a deferred prefill)."""
+        host-to-device copy. batch.seq_lens_cpu: the committed lengths P. Returns the most tokens
+        it extended a request over."""
         behind = [state_of(req).draft_behind for req in batch.reqs]
         if not any(behind):
-            return False
+            return 0
         ends = batch.seq_lens_cpu.tolist()  # a host tensor
         starts = [end - max(b, 1) for end, b in zip(ends, behind)]
         chunk = get_schedule().chunked_prefill_size or 0
@@ -252,7 +255,7 @@ class DraftChain(StandaloneDraftWorker):
                 break
         for req in batch.reqs:
             state_of(req).draft_behind = 0
-        return any(b >= end for b, end in zip(behind, ends))
+        return max(behind)
 
     def _extend_pieces(self, batch: ScheduleBatch, rows: torch.Tensor, pieces) -> None:
         """One draft extend: request i over positions [start_i, end_i) of `pieces`."""

@@ -129,10 +129,11 @@ def test_cost_table_skips_warm_up_takes_medians_and_interpolates():
     assert table.cost(4, 4, 5) == pytest.approx(2.0)  # 4: as near 8 as 1 (powers of two); the larger wins
 
 
-def test_a_round_that_caught_up_over_a_deferred_prefill_is_no_sample_of_its_tier(cpu_runtime, monkeypatch):
-    """The first drafting round after deferred prefills extends the draft over whole prompts
-    (`DraftChain.catch_up`, which says so); its draft part is then no cost of its tier, its rest
-    is. Control: the same round priced counts (the cell's median moves)."""
+def test_a_round_that_caught_up_over_more_than_its_chain_is_no_sample_of_its_tier(cpu_runtime, monkeypatch):
+    """A drafting round after deferred prefills, or after a long stretch of tier-0 rounds, first
+    extends the draft over what it missed (`DraftChain.catch_up`, which says over how much); where
+    that is more than its chain's L + 1 tokens, its draft part is what switching costs, no cost
+    of its tier; its rest still is. Control: the same rounds priced count (the cell's median moves)."""
     from parse_sglang import draft_chain
 
     monkeypatch.setattr(draft_chain, "get_schedule", lambda: SimpleNamespace(chunked_prefill_size=0))
@@ -140,12 +141,16 @@ def test_a_round_that_caught_up_over_a_deferred_prefill_is_no_sample_of_its_tier
     chain._extend_pieces = lambda batch, rows, extended: pieces.append(extended)
     reqs = [SimpleNamespace(), SimpleNamespace()]
     batch = SimpleNamespace(reqs=reqs, seq_lens_cpu=torch.tensor([10, 12]))
-    assert chain.catch_up(batch, rows=None) is False and not pieces  # nothing behind: no extend
-    for req, behind in zip(reqs, (4, 3)):  # tier-0 steps: the last few tokens
+    assert chain.catch_up(batch, rows=None) == 0 and not pieces  # nothing behind: no extend
+    for req, behind in zip(reqs, (4, 3)):  # a tier-0 round's steps: the last few tokens
         draft_chain.state_of(req).draft_behind = behind
-    assert chain.catch_up(batch, rows=None) is False and pieces == [[(6, 10), (9, 12)]]
+    assert chain.catch_up(batch, rows=None) == 4 and pieces == [[(6, 10), (9, 12)]]
     chain.prefill(SimpleNamespace(reqs=reqs[:1], seq_lens_cpu=torch.tensor([10])), defer=True)
-    assert chain.catch_up(batch, rows=None) is True and pieces[-1] == [(0, 10), (11, 12)]  # a whole prompt
+    assert chain.catch_up(batch, rows=None) == 10 and pieces[-1] == [(0, 10), (11, 12)]  # a whole prompt
+    chain.catch_up = lambda batch, rows: 9
+    chain._run_chain = lambda batch, last, length: (torch.zeros(2, length + 2), None, False)
+    chain._confidence = torch.zeros(2, 10)
+    assert chain.draft(batch, torch.zeros(2), None, 8).priced and not chain.draft(batch, torch.zeros(2), None, 4).priced
 
     for priced, median in ((False, 0.02), (True, 0.05)):
         controller = AdaptiveDraftLength([4], CostTable())  # every round at L = 4
