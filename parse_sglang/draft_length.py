@@ -23,7 +23,7 @@ class DraftLengthPolicy:
 
     def drafts_on_host(self, priced: bool = True) -> None:
         """The round's drafts reached the host: its draft part ends; priced False: it held a
-        deferred prefill's catch-up (`DraftChain.catch_up`), no cost of the round's tier."""
+        catch-up longer than the chain (`Draft.priced`), no cost of the round's tier."""
 
     def verify_length(self, policies: Sequence, confidence, rows_of: Callable[[int], int]) -> int:
         """How many of the L drafted tokens the round verifies (at most L); confidence [bs, L] on

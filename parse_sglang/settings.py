@@ -40,8 +40,8 @@ def default_tiers(length: int) -> tuple[int, ...]:
     while it stays at least TIER_RATIO (L = 32: {0, 8, 32}; 16: {0, 4, 16}; 8: {0, 8}). Few
     tiers, far apart: every tier is a cost cell per batch-size bucket to measure, and the
     controller takes the best of estimates that err, so near-equal tiers mostly add error; on
-    the synthetic pair {0, 8, 32} ran 1.06-1.18x the ladder {0, 4, 8, 16, 32} over 16 prompts one
-    by one and closed batches of 8 and 32 (benchmarks/README.md, docs/adaptive.md)."""
+    the synthetic pair {0, 8, 32} ran 1.01-1.18x the ladder {0, 4, 8, 16, 32} over 16 prompts one
+    by one and closed batches of 8 and 32, paired in one run (benchmarks/README.md, docs/adaptive.md)."""
     tiers, tier = [0], length
     while tier >= TIER_RATIO:
         tiers.append(tier)
