@@ -92,7 +92,7 @@ class Draft(NamedTuple):
     confidence: torch.Tensor  # [bs, L] float32, the draft's top-1 probability at each step
     proposals: Optional[torch.Tensor]  # [bs, L, V] q of each d_j (None: an all-greedy batch)
     graphed: bool  # the chain ran as one graph replay
-    priced: bool = True  # False: the draft first caught up over more than its chain's L + 1 tokens (`draft`)
+    priced: bool = True  # False: the draft first caught up over tokens it missed (`draft`)
 
 
 @dataclass
@@ -185,15 +185,15 @@ class DraftChain(StandaloneDraftWorker):
         """The round's `Draft` at draft length L = `length` > 0; rows: the batch's
         req_pool_indices. Its confidence is a view of the chain's buffer: read it before the
         next chain runs."""
-        # a catch-up longer than the chain (a deferred prefill, a long stretch of tier-0 rounds) is what
-        # switching to drafting costs, not what a round of the tier does: priced in, probes after long
-        # stretches made L = 8 look dearer than tier 0 where it is 1.26x target-only (the real pair)
+        # a catch-up (over a deferred prefill, tier-0 or head rounds) is what switching to drafting costs,
+        # not what a round of the tier does: priced in, one over a single 4-step tier-0 round made L = 8 at
+        # batch 60 cost 5-6.5 s where it costs 3.4 s, and the real pair's server alternated with tier 0
         behind = self.catch_up(batch, rows)
         chain, proposals, graphed = self._run_chain(batch, last_tokens, length)
         bs, steps = last_tokens.shape[0], slice(1, 1 + length)
         confidence = self._confidence[:bs, :length]  # step i's logits give d_{i+1}
         proposals = proposals[:, steps] if proposals is not None else None
-        return Draft(chain[:, steps], confidence, proposals, graphed, priced=behind <= length + 1)
+        return Draft(chain[:, steps], confidence, proposals, graphed, priced=not behind)
 
     def draft_forward(self, forward_batch: ForwardBatch):
         """SGLang's chain (`EagleDraftWorker.draft_forward`, also what its graph runner

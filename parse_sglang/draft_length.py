@@ -21,9 +21,13 @@ class DraftLengthPolicy:
         request at L; steps: the decode steps a round of L = 0 would run."""
         raise NotImplementedError
 
+    def decode_steps(self, steps: int) -> int:
+        """The decode steps of a round `choose` made tier 0 (L = 0), at most `steps`."""
+        return steps
+
     def drafts_on_host(self, priced: bool = True) -> None:
         """The round's drafts reached the host: its draft part ends; priced False: it held a
-        catch-up longer than the chain (`Draft.priced`), no cost of the round's tier."""
+        catch-up over tokens the draft missed (`Draft.priced`), no cost of the round's tier."""
 
     def verify_length(self, policies: Sequence, confidence, rows_of: Callable[[int], int]) -> int:
         """How many of the L drafted tokens the round verifies (at most L); confidence [bs, L] on

@@ -65,13 +65,13 @@ class TpSync:
             return plan if self.is_source else dataclasses.replace(plan, drafts=_neighbours(plan.drafts))
         return self._share(plan, [f.name for f in dataclasses.fields(plan)], self.group.cpu_group)
 
-    def share_length(self, length: int) -> int:
-        """Rank 0's draft length of the round (an adaptive server's choice): one broadcast over
-        the CPU group, before the draft (its window shape must be every rank's)."""
+    def share_choice(self, *values: int) -> tuple[int, ...]:
+        """Rank 0's choices of the round (an adaptive server's draft length, tier 0's steps): one
+        broadcast over the CPU group, before the draft (its window shape must be every rank's)."""
         if not self.enabled:
-            return length
-        (shared,) = broadcast_packed([torch.tensor([length])], self.group.ranks[0], self.group.cpu_group)
-        return int(shared[0])
+            return values
+        (shared,) = broadcast_packed([torch.tensor(values)], self.group.ranks[0], self.group.cpu_group)
+        return tuple(int(v) for v in shared)
 
     def share_accepted(self, accepted):
         """Rank 0's acceptance decisions (`acceptance.Accepted`, device tensors): one broadcast

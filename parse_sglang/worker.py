@@ -195,9 +195,10 @@ class ParseWorker(WorkerSetup, BaseSpecWorker):
         """The round's L: the server's, or the tier the adaptive controller chooses (rank 0's
         on a tensor-parallel server: its costs are its own measurements); and the decode steps
         a tier-0 round runs: `tier0_steps`, at most L + 1 (the slots SGLang reserves per round)
-        and the longest output a request has left, and 1 where a step's token must reach the
-        host before the next is sampled (a grammar, penalties) or logprobs are returned (every
-        rank knows the same of its batch)."""
+        and the longest output a request has left, fewer where the batch's outputs more likely
+        ended (`adaptive.running_steps`), and 1 where a step's token must reach the host before
+        the next is sampled (a grammar, penalties) or logprobs are returned (every rank knows the
+        same of its batch)."""
         info = batch.sampling_info
         stepwise = (
             batch.has_grammar
@@ -206,7 +207,9 @@ class ParseWorker(WorkerSetup, BaseSpecWorker):
         )
         longest = max(self.config.tier0_steps if p.left is None else p.left for p in policies)
         steps = 1 if stepwise else max(min(self.config.tier0_steps, self.config.draft_budget + 1, longest), 1)
-        length = self._shared(self.draft_length.choose(batch.reqs, policies, self._rows_of(policies), steps))
+        length = self.draft_length.choose(batch.reqs, policies, self._rows_of(policies), steps)
+        steps = self.draft_length.decode_steps(steps) if length == 0 else steps  # fewer near the outputs' ends
+        length, steps = self._shared(length, steps)
         self._drafting = length > 0  # what the next prefill defers by (the same on every TP rank)
         return length, steps
 
@@ -215,9 +218,9 @@ class ParseWorker(WorkerSetup, BaseSpecWorker):
         probes = self.probe is not None and any(p.judged and p.config.uses_probe for p in policies)
         return lambda L: self.geometry.rows(L, probes)
 
-    def _shared(self, length: int) -> int:
-        """A draft length the policy chose per round: rank 0's on every TP rank."""
-        return self.tp.share_length(length) if self.draft_length.per_round else length
+    def _shared(self, *values: int) -> tuple[int, ...]:
+        """What the policy chose per round (a draft length, tier 0's steps): rank 0's on every TP rank."""
+        return self.tp.share_choice(*values) if self.draft_length.per_round else values
 
     def _decode_steps(self, batch: ScheduleBatch, committed: Committed, policies, steps: int):
         """Tier 0: `steps` plain decode steps for the batch, back to back on the device: each a
@@ -272,7 +275,8 @@ class ParseWorker(WorkerSetup, BaseSpecWorker):
         drafts_host, confidence_host = unpack(pack(drafted).cpu(), fields_of(drafted))
         self.draft_length.drafts_on_host(draft.priced)  # the end of the round's draft part (its measured cost)
         if cut and drafts_host.shape[1]:
-            verified = self._shared(self.draft_length.verify_length(policies, confidence_host, self._rows_of(policies)))
+            verified = self.draft_length.verify_length(policies, confidence_host, self._rows_of(policies))
+            (verified,) = self._shared(verified)
             drafts_host, confidence_host = drafts_host[:, :verified], confidence_host[:, :verified]
         return plan_window(
             drafts_host=drafts_host,

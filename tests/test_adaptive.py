@@ -25,6 +25,7 @@ from parse_sglang.adaptive import (
     AdaptiveDraftLength,
     CostTable,
     bucket,
+    running_steps,
 )
 from parse_sglang.profile_cost import main as profile_cost_main
 from parse_sglang.settings import ParseConfig, server_parse_config
@@ -126,14 +127,31 @@ def test_cost_table_skips_warm_up_takes_medians_and_interpolates():
         for seconds in (0.0, 1.0):
             table.observe(8, tier, tier + 1, seconds, seconds)
     assert table.cost(8, 4, 5) == pytest.approx(2.0)  # its own, once it has them
-    assert table.cost(4, 4, 5) == pytest.approx(2.0)  # 4: as near 8 as 1 (powers of two); the larger wins
+    assert table.cost(4, 4, 5) == pytest.approx(1.0)  # 4: nearer 8 than 1 (powers of two), scaled by 4 / 8
 
 
-def test_a_round_that_caught_up_over_more_than_its_chain_is_no_sample_of_its_tier(cpu_runtime, monkeypatch):
-    """A drafting round after deferred prefills, or after a long stretch of tier-0 rounds, first
-    extends the draft over what it missed (`DraftChain.catch_up`, which says over how much); where
-    that is more than its chain's L + 1 tokens, its draft part is what switching costs, no cost
-    of its tier; its rest still is. Control: the same rounds priced count (the cell's median moves)."""
+def test_a_smaller_bucket_prices_a_larger_ones_drafting_rounds_in_proportion():
+    """A bucket that has run only tier 0 prices a drafting tier from a larger bucket scaled down in
+    proportion to the batch (low: tried, and so measured), from a smaller one unscaled. The real
+    pair's figures (CPU, seconds): batch 60's L = 8 round (3.0 s draft, 2.43 s verify) had priced
+    its later batches of 13-32 at 5.4 s against their tier 0 of 1.3-1.8 s, and they never drafted.
+    Control: the bucket that measured them prices them as measured."""
+    table = CostTable()
+    for batch, cells in ((60, ((8, 9, 3.0, 2.43), (0, 1, 0.001, 0.52))), (15, ((0, 1, 0.001, 0.32),))):
+        for tier, rows, draft_s, rest_s in cells:
+            for _ in range(2):
+                table.observe(batch, tier, rows, draft_s, rest_s)
+    assert table.cost(60, 8, 9) == pytest.approx(3.0 + 2.43)  # control: its own cells
+    assert table.cost(15, 8, 9) == pytest.approx((3.0 + 2.43) * 16 / 64)  # bucket 16 from bucket 64
+    assert table.cost(15, 0, 1, steps=4) == pytest.approx(0.001 + 4 * 0.32)  # tier 0: its own
+    assert table.cost(100, 8, 9) == pytest.approx(3.0 + 2.43)  # bucket 128 from 64: unscaled (priced low already)
+
+
+def test_a_round_that_caught_up_is_no_sample_of_its_tier(cpu_runtime, monkeypatch):
+    """A drafting round after deferred prefills, or after tier-0 rounds, first extends the draft
+    over what it missed (`DraftChain.catch_up`, which says over how much): its draft part is what
+    switching costs, no cost of its tier, however little it caught up over; its rest still is.
+    Control: the same rounds priced count (the cell's median moves)."""
     from parse_sglang import draft_chain
 
     monkeypatch.setattr(draft_chain, "get_schedule", lambda: SimpleNamespace(chunked_prefill_size=0))
@@ -147,10 +165,11 @@ def test_a_round_that_caught_up_over_more_than_its_chain_is_no_sample_of_its_tie
     assert chain.catch_up(batch, rows=None) == 4 and pieces == [[(6, 10), (9, 12)]]
     chain.prefill(SimpleNamespace(reqs=reqs[:1], seq_lens_cpu=torch.tensor([10])), defer=True)
     assert chain.catch_up(batch, rows=None) == 10 and pieces[-1] == [(0, 10), (11, 12)]  # a whole prompt
-    chain.catch_up = lambda batch, rows: 9
     chain._run_chain = lambda batch, last, length: (torch.zeros(2, length + 2), None, False)
     chain._confidence = torch.zeros(2, 10)
-    assert chain.draft(batch, torch.zeros(2), None, 8).priced and not chain.draft(batch, torch.zeros(2), None, 4).priced
+    draft_chain.state_of(reqs[1]).draft_behind = 1  # one tier-0 step: a catch-up all the same
+    assert not chain.draft(batch, torch.zeros(2), None, 8).priced and pieces[-1] == [(9, 10), (11, 12)]
+    assert chain.draft(batch, torch.zeros(2), None, 8).priced  # nothing behind
 
     for priced, median in ((False, 0.02), (True, 0.05)):
         controller = AdaptiveDraftLength([4], CostTable())  # every round at L = 4
@@ -324,6 +343,34 @@ def test_draft_tokens_past_where_outputs_end_are_worth_nothing():
         controller.ends.observe_round([stopping], SimpleNamespace(emitted=[[5, 5, 5, 5, 5, 2]], lengths=[5]))
     assert controller.choose([SimpleNamespace()], [late], rows_of) == 4
     assert controller.choose([SimpleNamespace()], [early], rows_of) == 32
+
+
+def test_tier_zero_rounds_stop_where_the_batch_more_likely_ended():
+    """A tier-0 round runs its decode steps up to the first whose token every request of the batch
+    more likely than not no longer needs (past requests stopped at 38 tokens, 15 of 20): a request
+    36 tokens out runs 2 of 4 steps (tokens 37 and 38), one 17 out all 4, and a batch of the two
+    all 4 (its steps still serve the earlier request). Control: no ends seen, all 4; a TP server
+    shares the trimmed count with the length (worker `_shared`)."""
+    assert running_steps(None, 4) == 4
+    assert running_steps(torch.tensor([[1.0, 0.9, 0.6, 0.4, 0.2]]), 4) == 3
+    assert running_steps(torch.tensor([[1.0, 0.1, 0.1, 0.1, 0.1]]), 4) == 1  # at least one
+    assert running_steps(torch.tensor([[1.0, 0.4, 0.4, 0.4], [1.0, 0.4, 0.4, 0.4]]), 4) == 4  # P(any) = 0.64
+    controller = AdaptiveDraftLength([0, 8], linear_costs())
+    near, far = policies(2, budget=8)
+    near.output_len, far.output_len = 36, 17
+    for reqs, steps in (([near], 4), ([far], 4), ([near, far], 4)):
+        controller.choose([SimpleNamespace() for _ in reqs], reqs, rows_of, steps=4)
+        assert controller.decode_steps(4) == steps, "no ends seen: every step"
+    stopping, cut = (
+        SimpleNamespace(left=30, output_len=32, stop_ids=EOS),
+        SimpleNamespace(left=4, output_len=60, stop_ids=EOS),
+    )
+    for i in range(20):  # 15 stopped at 38, 5 cut at 64: P(F > 38 | F > 36) = 1 - 15 / (20 + ENDED_PRIOR)
+        ended = (stopping, [[5, 5, 5, 5, 5, 2]], [5]) if i < 15 else (cut, [[5, 6, 7, 8, 9]], [4])
+        controller.ends.observe_round([ended[0]], SimpleNamespace(emitted=ended[1], lengths=ended[2]))
+    for reqs, steps in (([near], 2), ([far], 4), ([near, far], 4)):
+        controller.choose([SimpleNamespace() for _ in reqs], reqs, rows_of, steps=4)
+        assert controller.decode_steps(4) == steps and controller.decode_steps(1) == 1
 
 
 def test_a_request_that_stops_keeping_its_drafts_leaves_long_tiers_at_once():
