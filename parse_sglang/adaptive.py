@@ -150,8 +150,8 @@ class CostTable:
         if tier == HEAD:
             for bb in sorted(self.head, key=lambda bb: (abs(bb.bit_length() - b.bit_length()), bb)):
                 rest = _interpolate(self._rest_points(bb), rows)
-                if rest is not None:
-                    return self.head[bb] + rest
+                if rest is not None:  # a larger bucket's scaled to the batch, as every tier's
+                    return (self.head[bb] + rest) * min(b / bb, 1.0)
             tier = 0
         if tier == 0:
             ran = next((bb for bb in nearest if (bb, 0) in self.draft and (bb, rows) in self.rest), None)

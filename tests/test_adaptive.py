@@ -145,6 +145,9 @@ def test_a_smaller_bucket_prices_a_larger_ones_drafting_rounds_in_proportion():
     assert table.cost(15, 8, 9) == pytest.approx((3.0 + 2.43) * 16 / 64)  # bucket 16 from bucket 64
     assert table.cost(15, 0, 1, steps=4) == pytest.approx(0.001 + 4 * 0.32)  # tier 0: its own
     assert table.cost(100, 8, 9) == pytest.approx(3.0 + 2.43)  # bucket 128 from 64: unscaled (priced low already)
+    for _ in range(2):
+        table.observe(60, HEAD, 9, 1.0, 2.43)  # a head round: its draft part 1.0 s, 9 verify rows
+    assert table.cost(15, HEAD, 9) == pytest.approx((1.0 + 2.43) * 16 / 64)  # the head tier alike
 
 
 def test_a_round_that_caught_up_is_no_sample_of_its_tier(cpu_runtime, monkeypatch):
