@@ -77,14 +77,20 @@ def _interpolate(points: dict[int, float], x: int) -> Optional[float]:
     return max(points[lo] + slope * (x - lo), 0.0)
 
 
+def _scaled_down(b: int, other: int) -> float:
+    """What bucket b takes of bucket `other`'s costs: a larger bucket's in proportion to the batch
+    (a round costs a request no less in a smaller batch, so this prices it low: it is tried, and
+    so measured), a smaller one's whole (low already)."""
+    return min(b / other, 1.0)
+
+
 def _estimate(points_of, x: int, nearest: list) -> Optional[float]:
     """y at x from the first bucket of `nearest` (the batch's) or, where its points cannot
     estimate x, the nearest bucket's that can (points_of(bucket) -> {x: y}); where the batch's
     bucket holds one point, the other bucket's curve scaled to it: one cell gives the batch's
-    level, the fuller bucket the slope; where it holds none, a larger bucket's scaled down in
-    proportion to the batch (a round costs a request no less in a smaller batch, so this prices
-    it low: it is tried, and so measured). Unscaled, batch 60's L = 8 round (5.4 s) priced the
-    real pair's batches of 13-32 for the rest of their run, and they never drafted."""
+    level, the fuller bucket the slope; where it holds none, the other bucket's `_scaled_down`.
+    Unscaled, batch 60's L = 8 round (5.4 s) priced the real pair's batches of 13-32 for the rest
+    of their run, and they never drafted."""
     own = points_of(nearest[0])
     for b in nearest:
         points = points_of(b)
@@ -96,8 +102,8 @@ def _estimate(points_of, x: int, nearest: list) -> Optional[float]:
             reference = _interpolate(points, x0)
             if reference:
                 value *= y0 / reference
-        elif b > nearest[0] and not own:
-            value *= nearest[0] / b
+        elif not own:
+            value *= _scaled_down(nearest[0], b)
         return value
     return None
 
@@ -134,12 +140,12 @@ class CostTable:
         round's decode steps), from the batch's bucket or, where that cannot estimate it, the
         nearest bucket that can (the smaller on a tie: a tier priced low is tried, and so
         measured; one priced high never is); None where no bucket can yet. Tier 0 (decode
-        steps) is priced from tier-0 rounds only, the nearest bucket's that ran one (a larger
-        bucket's scaled down to the batch, as drafting tiers are in `_estimate`): drafting
+        steps) is priced from tier-0 rounds only, the nearest bucket's that ran one: drafting
         rounds carry a draft chain, a judge and the drafts' trip that a decode step lacks, so
         extrapolating their cells down to L = 0 and one row priced it at several times its cost.
         The head tier is priced from head rounds, the nearest bucket's that ran one; before any
         ran, as a tier-0 round of its rows (a head round's cheapest: a cost that lets it be tried).
+        Another bucket's cells are `_scaled_down` to the batch, every tier's alike.
         Conversely, drafting rounds are never priced from tier-0 cells (L = 0, one row): a line
         from a decode step's 0.6 ms through L = 4's 7.3 ms priced L = 32 at batch 1 at 76 ms where
         it costs 40 (the synthetic pair on CPU), and its batch of 1 ran tier 0. A bucket with one
@@ -150,13 +156,13 @@ class CostTable:
         if tier == HEAD:
             for bb in sorted(self.head, key=lambda bb: (abs(bb.bit_length() - b.bit_length()), bb)):
                 rest = _interpolate(self._rest_points(bb), rows)
-                if rest is not None:  # a larger bucket's scaled to the batch, as every tier's
-                    return (self.head[bb] + rest) * min(b / bb, 1.0)
+                if rest is not None:
+                    return (self.head[bb] + rest) * _scaled_down(b, bb)
             tier = 0
         if tier == 0:
             ran = next((bb for bb in nearest if (bb, 0) in self.draft and (bb, rows) in self.rest), None)
-            if ran is not None:  # a larger bucket's scaled to the batch, as a drafting tier's (`_estimate`)
-                return (self.draft[ran, 0] + steps * self.rest[ran, rows]) * min(b / ran, 1.0)
+            if ran is not None:
+                return (self.draft[ran, 0] + steps * self.rest[ran, rows]) * _scaled_down(b, ran)
         for decode in (False, True):  # tier-0 cells only where no bucket holds two drafting ones (exploring)
             draft = _estimate(lambda bb: self._draft_points(bb, decode), tier + 1, nearest)
             rest = _estimate(lambda bb: self._rest_points(bb, decode), rows, nearest)
@@ -675,7 +681,7 @@ def running_steps(going: Optional[torch.Tensor], steps: int) -> int:
     more likely than not does not need (every request's output more likely ended before it, by
     `OutputEnds.going` [bs, > steps]; None: all `steps`). A step past the end of every request's
     output is a whole step of waste at batch 1 (SGLang cuts the tokens after a stop): with 4 steps
-    a round, 1.5 steps a request on average, 3% of the synthetic pair's answers of 35-64 tokens."""
+    a round, by arithmetic, 1.5 steps a request on average, 3% of the synthetic pair's answers."""
     if going is None:
         return steps
     anyone = 1 - torch.prod(1 - going[:, :steps], dim=0)  # [steps] P(some request emits step j's token)

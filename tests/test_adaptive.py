@@ -352,8 +352,7 @@ def test_tier_zero_rounds_stop_where_the_batch_more_likely_ended():
     """A tier-0 round runs its decode steps up to the first whose token every request of the batch
     more likely than not no longer needs (past requests stopped at 38 tokens, 15 of 20): a request
     36 tokens out runs 2 of 4 steps (tokens 37 and 38), one 17 out all 4, and a batch of the two
-    all 4 (its steps still serve the earlier request). Control: no ends seen, all 4; a TP server
-    shares the trimmed count with the length (worker `_shared`)."""
+    all 4 (its steps still serve the earlier request). Control: no ends seen, all 4."""
     assert running_steps(None, 4) == 4
     assert running_steps(torch.tensor([[1.0, 0.9, 0.6, 0.4, 0.2]]), 4) == 3
     assert running_steps(torch.tensor([[1.0, 0.1, 0.1, 0.1, 0.1]]), 4) == 1  # at least one
