@@ -34,6 +34,7 @@ INSTALLERS = [
     "parse_sglang.spec_algo",  # --speculative-algorithm PARSE in SGLang's registry
     _PATCHES + "logits_rows",  # a verify pass computes logits only for the rows PARSE reads
     _PATCHES + "draft_kv_budget",  # the draft's KV pool priced into SGLang's KV budget
+    _PATCHES + "head_prefix_cache",  # an EAGLE-3 head's server keys its radix tree by bigrams, as SGLang's EAGLE
     _PATCHES + "cli_settings",  # --parse-config on the command line, parse_config= on the Engine
     _PATCHES + "request_settings",  # custom_params["parse"] checked when a request arrives
     _PATCHES + "request_stats",  # meta_info["parse"]: a request's PARSE counters in its response

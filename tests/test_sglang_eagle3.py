@@ -170,6 +170,38 @@ def test_the_heads_kv_follows_judged_acceptances(pair_and_prompts, distilled_hea
     assert checked > 10 and ties <= 0.05 * checked, (checked, ties)
 
 
+def shared_prefix(a, b) -> int:
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
+@pytest.mark.sglang
+def test_a_prefix_shared_with_another_request_is_matched_one_token_short(pair_and_prompts, distilled_head,
+                                                                        engine_factory, tmp_path):  # fmt: skip
+    """Two prompts sharing their first n tokens, served one after the other: on a head server the
+    second finds n - 1 tokens cached, not n (the radix tree keyed by bigrams as SGLang's EAGLE:
+    the head's KV in the n-th shared slot holds the first prompt's token n + 1,
+    scheduler_patches/head_prefix_cache.py), and its head drafts are a fresh head's over its
+    own text. Control: a target-only server finds all n cached."""
+    target, draft, prompts = pair_and_prompts
+    first, second = max(((a, b) for a in prompts for b in prompts if a is not b), key=lambda p: shared_prefix(*p))
+    shared = shared_prefix(first, second)
+    assert shared >= 2, shared  # the synthetic prompts share a few tokens
+    costs = write_pinned_costs(tmp_path / "costs.json", (0, 4, 8), head=0.01)
+    config = ParseConfig(draft_budget=8, judge=False, adaptive=True, adaptive_tiers=[0, 4], cost_table=costs,
+                         eagle3_head=str(distilled_head))  # fmt: skip
+    cached = {}
+    for name, settings in {"head": parse_engine_kwargs(draft, config), "target only": {}}.items():
+        with engine_factory(target, **settings) as engine:
+            engine.generate(input_ids=[first], sampling_params=PARAMS)
+            params = {**PARAMS, "custom_params": SCORES} if settings else PARAMS
+            out = engine.generate(input_ids=[second], sampling_params=params)[0]
+        cached[name] = out["meta_info"]["cached_tokens"]
+        if name == "head":
+            checked, ties = assert_head_drafts_are_head_greedy([out], [second], distilled_head, target)
+            assert checked > 0 and ties == 0, (checked, ties)
+    assert cached == {"head": shared - 1, "target only": shared}, (shared, cached)
+
+
 KINDS = {  # batches whose every step's token reaches the host before the next is sampled
     "logprobs": ({}, {"return_logprob": True}),
     "grammar": ({"regex": "[a-z0-9 =+*-]+"}, {}),
