@@ -472,6 +472,7 @@ class AdaptiveDraftLength(DraftLengthPolicy):
         self.calibration = Calibration()  # P(kept | the draft's confidence), every request's rounds
         self.ends = OutputEnds()  # where the outputs of finished requests ended
         self._policies = ()  # this round's RequestPolicy per request
+        self._catch_ups = collections.deque(maxlen=SAMPLES)  # (batch size, tier, draft part s, tokens caught up)
 
     @classmethod
     def of(cls, config) -> "AdaptiveDraftLength":
@@ -576,8 +577,9 @@ class AdaptiveDraftLength(DraftLengthPolicy):
             if cost is not None and cost > 0:
                 rates[tier] = self._expected_tokens(tier, reqs, policies, steps, going) / cost
         best = max(rates, key=lambda t: (rates[t], -t)) if rates else self.tiers[0]  # ties: the shorter tier
+        behind = sum(state_of(req).draft_behind for req in reqs)  # what a drafting round first catches up over
         probe = (
-            self._probe_due(bs, rows_of, best) if best <= 0 else None
+            self._probe_due(bs, rows_of, best, behind) if best <= 0 else None
         )  # a probe replaces a round that drafts nothing
         if probe is not None:
             return probe
@@ -585,14 +587,18 @@ class AdaptiveDraftLength(DraftLengthPolicy):
         close = [t for t in rates if t not in measured and rates[t] >= EXPLORE_MARGIN * rates[best]]
         return max(close, key=lambda t: (rates[t], -t)) if close and not self.costs.fixed else best
 
-    def _probe_due(self, bs: int, rows_of, best: int = 0) -> Optional[int]:
+    def _probe_due(self, bs: int, rows_of, best: int = 0, behind: int = 0) -> Optional[int]:
         """A probe, in place of a round that drafts nothing (tier 0, or a head round: `best`): the
         shortest drafting tier once such rounds have run long enough that the loss of one round
         of it (its cost in decode steps less the tokens per request it emits if it keeps what the
-        pooled curve expects) is at most PROBE_OVERHEAD of their verify passes since the last
-        drafting round (times the backoff): a request kept at tier 0 shows no acceptance, and
-        drafts improve, or a bad stretch of text ends. From tier 0 a head round is probed the
-        same way (its own streak and backoff)."""
+        pooled curve expects, plus its catch-up over the `behind` tokens the draft missed) is at
+        most PROBE_OVERHEAD of their verify passes since the last drafting round (times the
+        backoff): a request kept at tier 0 shows no acceptance, and drafts improve, or a bad
+        stretch of text ends. The catch-up grows with the stretch: where it alone costs more
+        than PROBE_OVERHEAD of the decode steps it follows, no probe is ever due (the real pair on
+        CPU, batch 60: 72 ms of catch-up per 0.61 s decode step; its probes, each over the whole
+        stretch, had cost 8% of the server's time). From tier 0 a head round is probed the same
+        way (its own streak and backoff, nothing to catch up)."""
         drafting = [t for t in self.tiers if t > 0]
         candidates = []
         if self.tiers[0] == 0 and drafting:
@@ -609,10 +615,21 @@ class AdaptiveDraftLength(DraftLengthPolicy):
             if break_even is None:
                 steps = PROBE_AFTER
             else:
-                steps = math.ceil(max(break_even - 1 - keeps, 0) / PROBE_OVERHEAD)  # the loss in decode steps
+                catch_up = 0.0 if tier == HEAD else self._catch_up_seconds(behind) / self.costs.cost(bs, 0, rows_of(0))
+                steps = math.ceil(
+                    max(break_even - 1 - keeps + catch_up, 0) / PROBE_OVERHEAD
+                )  # the loss in decode steps
             due[tier] = streak / (max(steps, 1) * backoff)
         tier = max(due, key=due.get, default=None)  # the most overdue: one kind's probes never starve the other's
         return tier if tier is not None and due[tier] >= 1 else None
+
+    def _catch_up_seconds(self, tokens: int) -> float:
+        """Seconds a drafting round's catch-up over `tokens` takes: per token, the median over the
+        last rounds that caught up of their draft part less their tier's measured one (0 until
+        one is known, and with a loaded table: its cells are no measure of this run's chain)."""
+        rates = [max(seconds - self.costs.draft[bucket(bs), tier], 0.0) / count
+                 for bs, tier, seconds, count in self._catch_ups if (bucket(bs), tier) in self.costs.draft]  # fmt: skip
+        return statistics.median(rates) * tokens if rates and not self.costs.fixed else 0.0
 
     def _break_even_of(self, bs: int, tier: int, rows_of) -> Optional[float]:
         """Tokens per request a round at `tier` must emit to beat tier 0's decode steps in its
@@ -620,21 +637,24 @@ class AdaptiveDraftLength(DraftLengthPolicy):
         zero, cost = self.costs.cost(bs, 0, rows_of(0)), self.costs.cost(bs, tier, self._rows(tier, rows_of))
         return cost / zero if zero and cost else None
 
-    def drafts_on_host(self, priced: bool = True) -> None:
+    def drafts_on_host(self, caught_up: int = 0) -> None:
         """The round's drafts reached the host: its draft part ends here (`choose` started it);
-        priced False: that part is no sample of its tier's cost (`Draft.priced`: it held a catch-up
-        over tokens the draft missed). A deferred prefill's catch-up (the draft over whole prompts) had added 13 ms
+        caught_up > 0: that part is no sample of its tier's cost (`Draft.caught_up`: it held a
+        catch-up over that many tokens the draft missed) but one of what a catch-up costs per
+        token (`_catch_up_seconds`). A deferred prefill's catch-up (the draft over whole prompts) had added 13 ms
         to a 39 ms L = 8 draft part at batch 32 (the synthetic pair on CPU), and a closed batch's
         first round is the one that pays it: priced from it, L = 8 went from 66 to 81 ms a round and
         the batch of 32 ran L = 4."""
         self._clock.setdefault("drafts", time.perf_counter())
-        self._clock.setdefault("priced", priced)
+        self._clock.setdefault("caught_up", caught_up)
 
     def after_round(self, reqs, window, result, steps: int) -> None:
         """`observe` with the round's times from the controller's clock (the result is on the host)."""
         self.ends.observe_round(self._policies, result)
-        start, drafts = self._clock["start"], self._clock["drafts"]
-        draft_s = drafts - start if self._clock["priced"] else None
+        start, drafts, caught_up = self._clock["start"], self._clock["drafts"], self._clock["caught_up"]
+        if caught_up:
+            self._catch_ups.append((len(reqs), self._tier, drafts - start, caught_up))
+        draft_s = None if caught_up else drafts - start
         self.observe(reqs, self._tier, window.shape.rows, window.plan, result, draft_s, time.perf_counter() - drafts,
                      steps)  # fmt: skip
 

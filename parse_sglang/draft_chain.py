@@ -92,7 +92,7 @@ class Draft(NamedTuple):
     confidence: torch.Tensor  # [bs, L] float32, the draft's top-1 probability at each step
     proposals: Optional[torch.Tensor]  # [bs, L, V] q of each d_j (None: an all-greedy batch)
     graphed: bool  # the chain ran as one graph replay
-    priced: bool = True  # False: the draft first caught up over tokens it missed (`draft`)
+    caught_up: int = 0  # tokens the draft first extended over, missed before (`catch_up`): 0, or no cost of its tier
 
 
 @dataclass
@@ -193,7 +193,7 @@ class DraftChain(StandaloneDraftWorker):
         bs, steps = last_tokens.shape[0], slice(1, 1 + length)
         confidence = self._confidence[:bs, :length]  # step i's logits give d_{i+1}
         proposals = proposals[:, steps] if proposals is not None else None
-        return Draft(chain[:, steps], confidence, proposals, graphed, priced=not behind)
+        return Draft(chain[:, steps], confidence, proposals, graphed, caught_up=behind)
 
     def draft_forward(self, forward_batch: ForwardBatch):
         """SGLang's chain (`EagleDraftWorker.draft_forward`, also what its graph runner
@@ -237,8 +237,8 @@ class DraftChain(StandaloneDraftWorker):
         Only a round that resumes drafting pays it, like a prefill: each extend has every request
         (its next piece of at most `piece` tokens, or its last token again: rewriting a token's
         draft KV over a context that has it is harmless), its tokens and lengths in one
-        host-to-device copy. batch.seq_lens_cpu: the committed lengths P. Returns the most tokens
-        it extended a request over."""
+        host-to-device copy. batch.seq_lens_cpu: the committed lengths P. Returns the tokens it
+        extended the batch over (what pricing a probe's catch-up counts)."""
         behind = [state_of(req).draft_behind for req in batch.reqs]
         if not any(behind):
             return 0
@@ -255,7 +255,7 @@ class DraftChain(StandaloneDraftWorker):
                 break
         for req in batch.reqs:
             state_of(req).draft_behind = 0
-        return max(behind)
+        return sum(behind)
 
     def _extend_pieces(self, batch: ScheduleBatch, rows: torch.Tensor, pieces) -> None:
         """One draft extend: request i over positions [start_i, end_i) of `pieces`."""

@@ -25,9 +25,9 @@ class DraftLengthPolicy:
         """The decode steps of a round `choose` made tier 0 (L = 0), at most `steps`."""
         return steps
 
-    def drafts_on_host(self, priced: bool = True) -> None:
-        """The round's drafts reached the host: its draft part ends; priced False: it held a
-        catch-up over tokens the draft missed (`Draft.priced`), no cost of the round's tier."""
+    def drafts_on_host(self, caught_up: int = 0) -> None:
+        """The round's drafts reached the host: its draft part ends; caught_up > 0: it held a
+        catch-up over that many tokens the draft missed (`Draft.caught_up`), no cost of the round's tier."""
 
     def verify_length(self, policies: Sequence, confidence, rows_of: Callable[[int], int]) -> int:
         """How many of the L drafted tokens the round verifies (at most L); confidence [bs, L] on

@@ -273,7 +273,7 @@ class ParseWorker(WorkerSetup, BaseSpecWorker):
         tier where the confidences say the rest will not survive (a host decision: no copy)."""
         drafted = [draft.tokens, draft.confidence]  # [bs, L] each
         drafts_host, confidence_host = unpack(pack(drafted).cpu(), fields_of(drafted))
-        self.draft_length.drafts_on_host(draft.priced)  # the end of the round's draft part (its measured cost)
+        self.draft_length.drafts_on_host(draft.caught_up)  # the end of the round's draft part (its measured cost)
         if cut and drafts_host.shape[1]:
             verified = self.draft_length.verify_length(policies, confidence_host, self._rows_of(policies))
             (verified,) = self._shared(verified)

@@ -28,6 +28,7 @@ from parse_sglang.adaptive import (
     running_steps,
 )
 from parse_sglang.profile_cost import main as profile_cost_main
+from parse_sglang.request_state import state_of
 from parse_sglang.settings import ParseConfig, server_parse_config
 
 TIERS = (0, 4, 8, 16, 32)
@@ -165,14 +166,14 @@ def test_a_round_that_caught_up_is_no_sample_of_its_tier(cpu_runtime, monkeypatc
     assert chain.catch_up(batch, rows=None) == 0 and not pieces  # nothing behind: no extend
     for req, behind in zip(reqs, (4, 3)):  # a tier-0 round's steps: the last few tokens
         draft_chain.state_of(req).draft_behind = behind
-    assert chain.catch_up(batch, rows=None) == 4 and pieces == [[(6, 10), (9, 12)]]
+    assert chain.catch_up(batch, rows=None) == 4 + 3 and pieces == [[(6, 10), (9, 12)]]
     chain.prefill(SimpleNamespace(reqs=reqs[:1], seq_lens_cpu=torch.tensor([10])), defer=True)
     assert chain.catch_up(batch, rows=None) == 10 and pieces[-1] == [(0, 10), (11, 12)]  # a whole prompt
     chain._run_chain = lambda batch, last, length: (torch.zeros(2, length + 2), None, False)
     chain._confidence = torch.zeros(2, 10)
     draft_chain.state_of(reqs[1]).draft_behind = 1  # one tier-0 step: a catch-up all the same
-    assert not chain.draft(batch, torch.zeros(2), None, 8).priced and pieces[-1] == [(9, 10), (11, 12)]
-    assert chain.draft(batch, torch.zeros(2), None, 8).priced  # nothing behind
+    assert chain.draft(batch, torch.zeros(2), None, 8).caught_up == 1 and pieces[-1] == [(9, 10), (11, 12)]
+    assert chain.draft(batch, torch.zeros(2), None, 8).caught_up == 0  # nothing behind
 
     for priced, median in ((False, 0.02), (True, 0.05)):
         controller = AdaptiveDraftLength([4], CostTable())  # every round at L = 4
@@ -181,12 +182,14 @@ def test_a_round_that_caught_up_is_no_sample_of_its_tier(cpu_runtime, monkeypatc
         for draft_s, caught_up in ((0.5, True), (0.02, False), (0.02, False), (0.08, True), (0.08, True)):
             assert controller.choose([req], policies(1), rows_of, steps=4) == 4
             controller._clock["start"] -= draft_s  # the round's draft part took draft_s
-            controller.drafts_on_host(priced=priced or not caught_up)
+            controller.drafts_on_host(caught_up=0 if priced or not caught_up else 3)
             window = SimpleNamespace(shape=SimpleNamespace(rows=5), plan=SimpleNamespace(
                 draft_lens=torch.tensor([4]), confidence=torch.ones(1, 4), judged=torch.tensor([False])))  # fmt: skip
             controller.after_round([req], window, SimpleNamespace(lengths=[4], emitted=[[7] * 5]), steps=1)
         assert controller.costs.draft[1, 4] == pytest.approx(median, rel=0.2) and controller.costs.measured_tiers(1)
         assert len(controller.costs._samples[id(controller.costs.rest), (1, 5)]) == 5  # every round's rest counts
+        # what a catch-up costs a token: the caught-up rounds' draft parts less the tier's (0.48 / 3, 0.06 / 3 twice)
+        assert controller._catch_up_seconds(10) == (0.0 if priced else pytest.approx(10 * 0.06 / 3, rel=0.2))
 
 
 def test_tier_zero_is_priced_from_tier_zero_rounds_not_from_drafting_rounds():
@@ -582,6 +585,44 @@ def test_tier_zero_is_probed_again_at_a_bounded_cost_with_backoff():
         observe(controller, reqs, 0, [0])
     observe(controller, reqs, 4, [4])
     assert controller._backoff == 1
+
+
+def test_a_probe_pays_for_its_catch_up_and_where_that_alone_costs_more_than_the_overhead_none_comes():
+    """A probe first extends the draft over every token the batch's tier-0 rounds committed: its
+    cost grows with the stretch it ends. Priced in (per token, from earlier catch-ups), the first
+    probe comes later; where a decode step's catch-up alone costs more than PROBE_OVERHEAD of the
+    step, never (the real pair on CPU at batch 60: 72 ms a step against 5% of 0.61 s). Control: with no
+    catch-up measured yet, the first probe comes where its round's loss alone is paid for."""
+    bs, step_s, verify_s = 8, 0.001, 0.01
+    costs = CostTable()
+    for _ in range(EXPLORE_SAMPLES + 1):  # measured online: a warm-up round, then counted ones
+        costs.observe(bs, 0, 1, 0.0, verify_s)
+        costs.observe(bs, 4, 5, 5 * step_s, verify_s + 0.002)
+    break_even = costs.cost(bs, 4, 5) / costs.cost(bs, 0, 1)
+    first_probe = {}
+    for name, per_token in {
+        "unknown": None,
+        "cheap": 0.05 * verify_s / bs / 4,
+        "dear": 0.05 * verify_s / bs * 2,
+    }.items():
+        controller = AdaptiveDraftLength(TIERS[:2], costs)
+        for _ in range(200):
+            controller.pooled.observe(4, 0)  # drafts keep nothing
+        if per_token is not None:  # an earlier probe's catch-up over 100 tokens
+            controller._catch_ups.append((bs, 4, costs.draft[bucket(bs), 4] + 100 * per_token, 100))
+        reqs = [SimpleNamespace() for _ in range(bs)]
+        for n in range(2000):
+            if controller.choose(reqs, policies(bs), rows_of) > 0:
+                first_probe[name] = n
+                break
+            observe(controller, reqs, 0, [0] * bs, rest_s=verify_s)  # an online table: its cells stay
+            for req in reqs:  # the worker's `DraftChain.idle`: each tier-0 step's token missed by the draft
+                state_of(req).draft_behind += 1
+    keeps = controller.acceptance(SimpleNamespace()).expected(4, controller.pooled)
+    assert first_probe["unknown"] == pytest.approx((break_even - 1 - keeps) / PROBE_OVERHEAD, abs=1)
+    # cheap: a step's catch-up costs a quarter of the overhead, so the loss is paid by 3/4 of it
+    assert first_probe["cheap"] == pytest.approx((break_even - 1 - keeps) / (0.75 * PROBE_OVERHEAD), abs=2)
+    assert "dear" not in first_probe, first_probe
 
 
 def test_where_requests_keep_their_drafts_a_request_at_tier_zero_probes_again_soon():
