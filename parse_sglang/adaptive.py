@@ -577,12 +577,10 @@ class AdaptiveDraftLength(DraftLengthPolicy):
             if cost is not None and cost > 0:
                 rates[tier] = self._expected_tokens(tier, reqs, policies, steps, going) / cost
         best = max(rates, key=lambda t: (rates[t], -t)) if rates else self.tiers[0]  # ties: the shorter tier
-        behind = sum(state_of(req).draft_behind for req in reqs)  # what a drafting round first catches up over
-        probe = (
-            self._probe_due(bs, rows_of, best, behind) if best <= 0 else None
-        )  # a probe replaces a round that drafts nothing
-        if probe is not None:
-            return probe
+        if best <= 0:  # a probe replaces a round that drafts nothing; it first catches up over what the draft missed
+            probe = self._probe_due(bs, rows_of, best, sum(state_of(req).draft_behind for req in reqs))
+            if probe is not None:
+                return probe
         # A tier priced from other cells that comes close to the best: measure it here.
         close = [t for t in rates if t not in measured and rates[t] >= EXPLORE_MARGIN * rates[best]]
         return max(close, key=lambda t: (rates[t], -t)) if close and not self.costs.fixed else best
@@ -596,8 +594,8 @@ class AdaptiveDraftLength(DraftLengthPolicy):
         backoff): a request kept at tier 0 shows no acceptance, and drafts improve, or a bad
         stretch of text ends. The catch-up grows with the stretch: where it alone costs more
         than PROBE_OVERHEAD of the decode steps it follows, no probe is ever due (the real pair on
-        CPU, batch 60: 72 ms of catch-up per 0.61 s decode step; its probes, each over the whole
-        stretch, had cost 8% of the server's time). From tier 0 a head round is probed the same
+        CPU, batch 60: 66 ms of catch-up per 0.61 s decode step; its probes, each over the whole
+        stretch, had lost ~8% of the server's time). From tier 0 a head round is probed the same
         way (its own streak and backoff, nothing to catch up)."""
         drafting = [t for t in self.tiers if t > 0]
         candidates = []
@@ -610,12 +608,13 @@ class AdaptiveDraftLength(DraftLengthPolicy):
                 (HEAD, self._head_streak, self._head_backoff, self._typical.expected(self.head_steps, self.head_pooled))
             )
         due = {}  # tier -> how many times over its probe is due
+        zero = self.costs.cost(bs, 0, rows_of(0))  # a decode step's seconds
         for tier, streak, backoff, keeps in candidates:
             break_even = self._break_even_of(bs, tier, rows_of)
             if break_even is None:
                 steps = PROBE_AFTER
             else:
-                catch_up = 0.0 if tier == HEAD else self._catch_up_seconds(behind) / self.costs.cost(bs, 0, rows_of(0))
+                catch_up = 0.0 if tier == HEAD else self._catch_up_seconds(behind) / zero  # in decode steps
                 steps = math.ceil(
                     max(break_even - 1 - keeps + catch_up, 0) / PROBE_OVERHEAD
                 )  # the loss in decode steps
@@ -627,9 +626,11 @@ class AdaptiveDraftLength(DraftLengthPolicy):
         """Seconds a drafting round's catch-up over `tokens` takes: per token, the median over the
         last rounds that caught up of their draft part less their tier's measured one (0 until
         one is known, and with a loaded table: its cells are no measure of this run's chain)."""
+        if self.costs.fixed:
+            return 0.0
         rates = [max(seconds - self.costs.draft[bucket(bs), tier], 0.0) / count
                  for bs, tier, seconds, count in self._catch_ups if (bucket(bs), tier) in self.costs.draft]  # fmt: skip
-        return statistics.median(rates) * tokens if rates and not self.costs.fixed else 0.0
+        return statistics.median(rates) * tokens if rates else 0.0
 
     def _break_even_of(self, bs: int, tier: int, rows_of) -> Optional[float]:
         """Tokens per request a round at `tier` must emit to beat tier 0's decode steps in its

@@ -591,7 +591,7 @@ def test_a_probe_pays_for_its_catch_up_and_where_that_alone_costs_more_than_the_
     """A probe first extends the draft over every token the batch's tier-0 rounds committed: its
     cost grows with the stretch it ends. Priced in (per token, from earlier catch-ups), the first
     probe comes later; where a decode step's catch-up alone costs more than PROBE_OVERHEAD of the
-    step, never (the real pair on CPU at batch 60: 72 ms a step against 5% of 0.61 s). Control: with no
+    step, never (the real pair on CPU at batch 60: 66 ms a step against 5% of 0.61 s). Control: with no
     catch-up measured yet, the first probe comes where its round's loss alone is paid for."""
     bs, step_s, verify_s = 8, 0.001, 0.01
     costs = CostTable()
