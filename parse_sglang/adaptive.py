@@ -46,7 +46,10 @@ SAMPLES = 5  # a cost cell is the median of its last SAMPLES rounds (robust to a
 EXPLORE_SAMPLES = 2  # rounds that make a tier's cost in a bucket measured (after its warm-up)
 EXPLORE_MARGIN = 0.95  # a tier priced from other cells is measured where it is this close to the best
 PRIOR_KEEP = 0.5  # the pooled keep rate of the first draft position before any round
-PROBE_OVERHEAD = 0.05  # what probes out of tier 0 may cost, as a share of the decode steps between them
+# What probes out of tier 0 may cost, as a share of the decode steps between them. A server whose
+# draft never pays runs at most this far below the target alone for good (plus its start-up's
+# exploration, once): at 5%, the real pair's probes on CPU lost ~8 s of a 246 s run (benchmarks/README.md).
+PROBE_OVERHEAD = 0.02
 PROBE_AFTER = 8  # decode steps between probes while their costs are not known
 PROBE_BACKOFF_MAX = 32  # probes that keep finding nothing space out up to this factor
 HEAD = -1  # the tier of a head round (`eagle3_head`): the head's k drafts, a chain-only verify
@@ -581,8 +584,13 @@ class AdaptiveDraftLength(DraftLengthPolicy):
             probe = self._probe_due(bs, rows_of, best, sum(state_of(req).draft_behind for req in reqs))
             if probe is not None:
                 return probe
-        # A tier priced from other cells that comes close to the best: measure it here.
-        close = [t for t in rates if t not in measured and rates[t] >= EXPLORE_MARGIN * rates[best]]
+        # A tier priced from other cells that comes close to the best: measure it here. Not a drafting
+        # tier in place of tier 0: that round first catches the draft up over every token the batch
+        # committed without it (the real pair, CPU: 5,440 tokens at batch 16, ~6 s), and only a probe
+        # (above) prices that.
+        close = [
+            t for t in rates if t not in measured and rates[t] >= EXPLORE_MARGIN * rates[best] and (best > 0 or t <= 0)
+        ]
         return max(close, key=lambda t: (rates[t], -t)) if close and not self.costs.fixed else best
 
     def _probe_due(self, bs: int, rows_of, best: int = 0, behind: int = 0) -> Optional[int]:

@@ -16,6 +16,7 @@ from conftest import load_benchmark
 from parse_sglang.adaptive import (
     ENDED_PRIOR,
     OutputEnds,
+    EXPLORE_MARGIN,
     EXPLORE_SAMPLES,
     HEAD,
     PROBE_BACKOFF_MAX,
@@ -591,7 +592,7 @@ def test_a_probe_pays_for_its_catch_up_and_where_that_alone_costs_more_than_the_
     """A probe first extends the draft over every token the batch's tier-0 rounds committed: its
     cost grows with the stretch it ends. Priced in (per token, from earlier catch-ups), the first
     probe comes later; where a decode step's catch-up alone costs more than PROBE_OVERHEAD of the
-    step, never (the real pair on CPU at batch 60: 66 ms a step against 5% of 0.61 s). Control: with no
+    step, never (the real pair on CPU at batch 60: 66 ms a step against 2% of 0.61 s). Control: with no
     catch-up measured yet, the first probe comes where its round's loss alone is paid for."""
     bs, step_s, verify_s = 8, 0.001, 0.01
     costs = CostTable()
@@ -602,8 +603,8 @@ def test_a_probe_pays_for_its_catch_up_and_where_that_alone_costs_more_than_the_
     first_probe = {}
     for name, per_token in {
         "unknown": None,
-        "cheap": 0.05 * verify_s / bs / 4,
-        "dear": 0.05 * verify_s / bs * 2,
+        "cheap": PROBE_OVERHEAD * verify_s / bs / 4,
+        "dear": PROBE_OVERHEAD * verify_s / bs * 2,
     }.items():
         controller = AdaptiveDraftLength(TIERS[:2], costs)
         for _ in range(200):
@@ -623,6 +624,40 @@ def test_a_probe_pays_for_its_catch_up_and_where_that_alone_costs_more_than_the_
     # cheap: a step's catch-up costs a quarter of the overhead, so the loss is paid by 3/4 of it
     assert first_probe["cheap"] == pytest.approx((break_even - 1 - keeps) / (0.75 * PROBE_OVERHEAD), abs=2)
     assert "dear" not in first_probe, first_probe
+
+
+def test_a_drafting_tier_priced_from_another_bucket_is_not_measured_in_place_of_tier_zero():
+    """Out of tier 0, a drafting round first catches the draft up over every token the batch
+    committed without it: only a probe, which prices that catch-up, leaves tier 0. A drafting tier
+    priced from another bucket that merely comes close to tier 0 (within EXPLORE_MARGIN) is not
+    measured there. Control: once tier-0 steps have paid for a probe, the same tier runs as one."""
+    controller = AdaptiveDraftLength((0, 8), CostTable())
+    small, big = [SimpleNamespace() for _ in range(15)], [SimpleNamespace() for _ in range(60)]
+    for _ in range(1 + EXPLORE_SAMPLES):  # bucket 16 ran tier 0 only; bucket 64 both, L = 8 last
+        observe(controller, small, 0, [0] * 15, 0.001, 4 * 0.335, steps=4)
+    for _ in range(1 + EXPLORE_SAMPLES):
+        observe(controller, big, 0, [0] * 60, 0.001, 4 * 0.52, steps=4)
+    for _ in range(1 + EXPLORE_SAMPLES):
+        observe(controller, big, 8, [3] * 60, 3.0, 2.43)
+    rates = {
+        tier: controller._expected_tokens(tier, small, policies(15), 4, None)
+        / controller.costs.cost(15, tier, rows_of(tier), 4 if tier == 0 else 1)
+        for tier in (0, 8)
+    }
+    assert controller.costs.measured_tiers(15) == {0}  # L = 8 there: bucket 64's cells scaled down
+    assert EXPLORE_MARGIN <= rates[8] / rates[0] < 1, rates  # close to tier 0, below it
+    for req in small:
+        state_of(req).draft_behind = 340
+    assert controller.choose(small, policies(15), rows_of, steps=4) == 0
+    probe_after = None
+    for n in range(1, 400):
+        observe(controller, small, 0, [0] * 15, steps=4)
+        if controller.choose(small, policies(15), rows_of, steps=4) == 8:
+            probe_after = n
+            break
+    keeps = controller.acceptance(SimpleNamespace()).expected(8, controller.pooled)
+    loss = controller._break_even_of(15, 8, rows_of) - 1 - keeps  # in decode steps (no catch-up measured yet)
+    assert probe_after == math.ceil(math.ceil(loss / PROBE_OVERHEAD) / 4), (probe_after, loss)  # 4-step rounds
 
 
 def test_where_requests_keep_their_drafts_a_request_at_tier_zero_probes_again_soon():

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import shutil
+from types import SimpleNamespace
 
 import pytest
 
@@ -17,7 +18,7 @@ from conftest import (
     target_continuations,
     write_pinned_costs,
 )
-from parse_sglang.adaptive import EXPLORE_SAMPLES, PROBE_OVERHEAD, CostTable, bucket
+from parse_sglang.adaptive import EXPLORE_SAMPLES, PROBE_OVERHEAD, AdaptiveDraftLength, CostTable, bucket
 from parse_sglang.settings import parse_engine_kwargs
 from parse_sglang.profile_cost import main as profile_cost_main
 from parse_sglang.settings import ParseConfig
@@ -135,9 +136,12 @@ def test_identical_draft_runs_the_longest_tier(tiny_pair, drafts, pinned_costs, 
     """From tier 0 (the prior) to the longest tier once a probe keeps everything; each round that
     drafts again after tier-0 rounds first extends the draft over the tokens they committed
     (without that its drafts would miss their KV and not be the target's own tokens). The first
-    probe comes when tier-0 rounds have paid for it at PROBE_OVERHEAD (by the pinned costs)."""
+    probe comes when tier-0 rounds have paid for its loss at PROBE_OVERHEAD (by the pinned costs,
+    less what a new server's prior expects it to keep)."""
     costs, n = CostTable.load(pinned_costs), len(BATCH_PROMPTS)
-    first_probe = math.ceil((costs.cost(n, 2, 3) / costs.cost(n, 0, 1) - 1) / PROBE_OVERHEAD)
+    fresh = AdaptiveDraftLength(TIERS[:-1], costs)
+    keeps = fresh.acceptance(SimpleNamespace()).expected(2, fresh.pooled)
+    first_probe = math.ceil((costs.cost(n, 2, 3) / costs.cost(n, 0, 1) - 1 - keeps) / PROBE_OVERHEAD)
     outs, lengths, totals = serve(engine_factory, tiny_pair[0], drafts["identical"], adaptive(pinned_costs))
     assert_lossless(outs, target_greedy)
     for out, per_round in zip(outs, lengths):
