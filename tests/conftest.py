@@ -173,14 +173,15 @@ def assert_drafts_are_draft_greedy(outs, prompt_ids, draft) -> int:
     return rounds
 
 
-def write_pinned_costs(path, tiers, head: float = 0.0) -> str:
+def write_pinned_costs(path, tiers, head: float = 0.0, draft_step: float = 0.006) -> str:
     """A fixed cost table (`cost_table`) of a machine where a draft step costs 0.3 of the verify
     pass (tier 0 skips the draft): a new request's prior (half its draft tokens kept) pays for
     no tier but 0, so an adaptive server starts at tier 0 and its probes draft now and then;
-    head: seconds of an EAGLE-3 head's draft part (0: no head cell)."""
+    head: seconds of an EAGLE-3 head's draft part (0: no head cell); draft_step: seconds of a
+    draft step (a cheaper one makes probes come sooner)."""
     cells = [(b, L) for b in (1, 16) for L in tiers]
     table = {
-        "draft": [{"bucket": b, "L": L, "seconds": 0.006 * (L + 1) if L else 0.0} for b, L in cells],
+        "draft": [{"bucket": b, "L": L, "seconds": draft_step * (L + 1) if L else 0.0} for b, L in cells],
         "rest": [{"bucket": b, "rows": L + 1, "seconds": 0.02 + 1e-4 * (L + 1)} for b, L in cells],
         "head": [{"bucket": b, "seconds": head} for b in (1, 16)] if head else [],
     }

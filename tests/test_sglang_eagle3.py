@@ -23,7 +23,11 @@ from support import eagle3_head, synthetic
 
 PARAMS = {"max_new_tokens": 64, "temperature": 0.0}
 SCORES = {"parse": {"return_probe_scores": True}}
-HEAD_SECONDS = 0.03  # a head round 50 ms (its verify 20 ms), a tier-0 step 20 ms, a round of L = 4 50 ms
+# A head round 42 ms (its verify 20 ms), a tier-0 step 20 ms, a round of L = 4 43 ms: under the prior each
+# loses a quarter of a decode step to tier 0, so probes of either kind come every ~12 tier-0 steps
+# (PROBE_OVERHEAD 2%) and a 64-token output runs all three kinds.
+HEAD_SECONDS = 0.022
+DRAFT_STEP = 0.0045
 JUDGED = {"judge": True, "judge_mode": "likelihood", "likelihood_threshold": 0.05}  # the synthetic-judged pair's
 
 
@@ -36,7 +40,9 @@ def pair_and_prompts():
 
 @pytest.fixture(scope="module")
 def pinned_costs(tmp_path_factory) -> str:
-    return write_pinned_costs(tmp_path_factory.mktemp("costs") / "costs.json", (0, 4, 8), head=HEAD_SECONDS)
+    return write_pinned_costs(
+        tmp_path_factory.mktemp("costs") / "costs.json", (0, 4, 8), head=HEAD_SECONDS, draft_step=DRAFT_STEP
+    )
 
 
 @pytest.fixture(scope="module")
@@ -161,7 +167,7 @@ def test_the_heads_kv_follows_judged_acceptances(pair_and_prompts, distilled_hea
     head's over the committed text. (A head round at 1.5 tier-0 rounds here: judged drafting
     rounds pay so well that a dearer head would rarely run.)"""
     target, draft, prompts = pair_and_prompts
-    costs = write_pinned_costs(tmp_path / "costs.json", (0, 4, 8), head=0.01)
+    costs = write_pinned_costs(tmp_path / "costs.json", (0, 4, 8), head=0.01, draft_step=DRAFT_STEP)
     outs, _ = serve(engine_factory, target, draft, prompts, distilled_head, costs, **JUDGED)
     rounds = [r for o in outs for r in o["meta_info"]["parse"]["probe_scores"]]
     assert any(r["accepted"] > r["exact"] for r in rounds), "no judged acceptance ran"
