@@ -48,7 +48,7 @@ EXPLORE_MARGIN = 0.95  # a tier priced from other cells is measured where it is 
 PRIOR_KEEP = 0.5  # the pooled keep rate of the first draft position before any round
 # What probes out of tier 0 may cost, as a share of the decode steps between them. A server whose
 # draft never pays runs at most this far below the target alone for good (plus its start-up's
-# exploration, once): at 5%, the real pair's probes on CPU lost ~8 s of a 246 s run (benchmarks/README.md).
+# exploration, once): at 5%, that budget alone is the whole margin of a 0.95x bar.
 PROBE_OVERHEAD = 0.02
 PROBE_AFTER = 8  # decode steps between probes while their costs are not known
 PROBE_BACKOFF_MAX = 32  # probes that keep finding nothing space out up to this factor
