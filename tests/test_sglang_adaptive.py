@@ -139,7 +139,7 @@ def test_identical_draft_runs_the_longest_tier(tiny_pair, drafts, pinned_costs, 
     probe comes when tier-0 rounds have paid for its loss at PROBE_OVERHEAD (by the pinned costs,
     less what a new server's prior expects it to keep)."""
     costs, n = CostTable.load(pinned_costs), len(BATCH_PROMPTS)
-    fresh = AdaptiveDraftLength(TIERS[:-1], costs)
+    fresh = AdaptiveDraftLength(TIERS, costs)  # the server's tiers: adaptive_tiers and L
     keeps = fresh.acceptance(SimpleNamespace()).expected(2, fresh.pooled)
     first_probe = math.ceil((costs.cost(n, 2, 3) / costs.cost(n, 0, 1) - 1 - keeps) / PROBE_OVERHEAD)
     outs, lengths, totals = serve(engine_factory, tiny_pair[0], drafts["identical"], adaptive(pinned_costs))
