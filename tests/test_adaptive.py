@@ -660,6 +660,43 @@ def test_a_drafting_tier_priced_from_another_bucket_is_not_measured_in_place_of_
     assert probe_after == math.ceil(math.ceil(loss / PROBE_OVERHEAD) / 4), (probe_after, loss)  # 4-step rounds
 
 
+def test_a_drafting_tier_priced_from_another_bucket_pays_its_catch_up_to_be_chosen():
+    """A drafting tier this bucket has not measured is priced from other cells; its round first
+    catches the draft up over what the batch committed at tier 0, and that is priced in: behind
+    the real pair's 8,192 tokens at batch 32 it loses to tier 0, where its borrowed price alone
+    beat it by a third. Controls: with nothing behind, the same borrowed price wins; once
+    measured in the bucket, the tier is chosen behind the same stretch (its catch-up is paid
+    once, then drafting goes on)."""
+    controller = AdaptiveDraftLength((0, 8), CostTable())
+    batch, big = [SimpleNamespace() for _ in range(32)], [SimpleNamespace() for _ in range(60)]
+    for _ in range(1 + EXPLORE_SAMPLES):  # bucket 32 ran tier 0 only; bucket 64 both
+        observe(controller, batch, 0, [0] * 32, 0.001, 4 * 0.45, steps=4)
+    for _ in range(1 + EXPLORE_SAMPLES):
+        observe(controller, big, 0, [0] * 60, 0.001, 4 * 0.52, steps=4)
+    for _ in range(1 + EXPLORE_SAMPLES):
+        observe(controller, big, 8, [3] * 60, 0.8, 1.0)
+    controller._catch_ups.append((60, 8, controller.costs.draft[64, 8] + 6153 * 0.0011, 6153))
+    assert controller.costs.measured_tiers(32) == {0}
+
+    def borrowed_over_zero():
+        return {
+            tier: controller._expected_tokens(tier, batch, policies(32), 4, None)
+            / controller.costs.cost(32, tier, rows_of(tier), 4 if tier == 0 else 1)
+            for tier in (0, 8)
+        }
+
+    rates = borrowed_over_zero()
+    assert rates[8] / rates[0] > 1.2, rates  # unpriced, L = 8 wins outright
+    assert controller.choose(batch, policies(32), rows_of, steps=4) == 8  # control: nothing behind
+    for req in batch:
+        state_of(req).draft_behind = 256  # 8,192 tokens, ~9 s of catch-up
+    assert controller.choose(batch, policies(32), rows_of, steps=4) == 0
+    for _ in range(1 + EXPLORE_SAMPLES):  # control: L = 8 measured at batch 32, at the same cost
+        observe(controller, batch, 8, [3] * 32, controller.costs.cost(32, 8, rows_of(8)) - 1.0, 1.0)
+    assert controller.costs.measured_tiers(32) == {0, 8}
+    assert controller.choose(batch, policies(32), rows_of, steps=4) == 8
+
+
 def test_where_requests_keep_their_drafts_a_request_at_tier_zero_probes_again_soon():
     """A request fell to tier 0 on a bad stretch in a server whose requests keep nearly every
     draft token: a probe is expected to emit 5 tokens for the price of `ratio` < 5 decode steps,
