@@ -189,8 +189,30 @@ def test_a_round_that_caught_up_is_no_sample_of_its_tier(cpu_runtime, monkeypatc
             controller.after_round([req], window, SimpleNamespace(lengths=[4], emitted=[[7] * 5]), steps=1)
         assert controller.costs.draft[1, 4] == pytest.approx(median, rel=0.2) and controller.costs.measured_tiers(1)
         assert len(controller.costs._samples[id(controller.costs.rest), (1, 5)]) == 5  # every round's rest counts
-        # what a catch-up costs a token: the caught-up rounds' draft parts less the tier's (0.48 / 3, 0.06 / 3 twice)
-        assert controller._catch_up_seconds(10) == (0.0 if priced else pytest.approx(10 * 0.06 / 3, rel=0.2))
+        # a catch-up: the median of the caught-up rounds' draft parts less the tier's (0.48, 0.06 twice,
+        # each over 3 tokens), at least that over more tokens, in proportion over fewer
+        assert controller._catch_up_seconds(10) == (0.0 if priced else pytest.approx(0.06, rel=0.2))
+        assert controller._catch_up_seconds(2) == (0.0 if priced else pytest.approx(0.06 * 2 / 3, rel=0.2))
+
+
+def test_a_catch_up_is_priced_from_the_catch_ups_nearest_in_size_never_per_token_from_a_smaller_one():
+    """A catch-up is one draft extend: fixed work plus work per token. Priced per token from a
+    small one, the synthetic pair's batch of 32 (CPU) priced its prompts' 1,253 tokens from batch
+    1's 21 at 0.45 ms each, 0.56 s against a ~20 ms round, and never drafted. Now: from the
+    catch-ups nearest in count, at least what they took over more tokens, in proportion over
+    fewer. Control: a catch-up of that size, once measured, prices its neighbours."""
+    controller = AdaptiveDraftLength((0, 8), CostTable())
+    for _ in range(1 + EXPLORE_SAMPLES):
+        controller.costs.observe(1, 8, 9, 0.020, 0.01)
+        controller.costs.observe(32, 8, 9, 0.040, 0.05)
+    controller._caught_up(1, 8, 0.020 + 0.0095, 21)  # 9.5 ms over 21 tokens: 0.45 ms a token
+    assert controller._catch_up_seconds(1253) == pytest.approx(0.0095)  # not 1253 x 0.45 ms = 0.57 s
+    assert controller._catch_up_seconds(7) == pytest.approx(0.0095 / 3)
+    controller._caught_up(32, 8, 0.040 + 0.013, 1253)  # the batch of 32's prompts: 13 ms
+    assert controller._catch_up_seconds(1100) == pytest.approx(0.013 * 1100 / 1253)
+    assert controller._catch_up_seconds(5000) == pytest.approx(0.013)
+    assert controller._catch_up_seconds(16) == pytest.approx(0.0095 * 16 / 21)  # the small one still
+    assert controller._catch_up_seconds(0) == 0.0
 
 
 def test_tier_zero_is_priced_from_tier_zero_rounds_not_from_drafting_rounds():
@@ -609,8 +631,8 @@ def test_a_probe_pays_for_its_catch_up_and_where_that_alone_costs_more_than_the_
         controller = AdaptiveDraftLength(TIERS[:2], costs)
         for _ in range(200):
             controller.pooled.observe(4, 0)  # drafts keep nothing
-        if per_token is not None:  # an earlier probe's catch-up over 100 tokens
-            controller._catch_ups.append((bs, 4, costs.draft[bucket(bs), 4] + 100 * per_token, 100))
+        if per_token is not None:  # an earlier catch-up over more tokens than any stretch below
+            controller._caught_up(bs, 4, costs.draft[bucket(bs), 4] + 20_000 * per_token, 20_000)
         reqs = [SimpleNamespace() for _ in range(bs)]
         for n in range(2000):
             if controller.choose(reqs, policies(bs), rows_of) > 0:
@@ -675,7 +697,7 @@ def test_a_drafting_tier_priced_from_another_bucket_pays_its_catch_up_to_be_chos
         observe(controller, big, 0, [0] * 60, 0.001, 4 * 0.52, steps=4)
     for _ in range(1 + EXPLORE_SAMPLES):
         observe(controller, big, 8, [3] * 60, 0.8, 1.0)
-    controller._catch_ups.append((60, 8, controller.costs.draft[64, 8] + 6153 * 0.0011, 6153))
+    controller._caught_up(60, 8, controller.costs.draft[64, 8] + 6153 * 0.0011, 6153)
     assert controller.costs.measured_tiers(32) == {0}
 
     def borrowed_over_zero():
