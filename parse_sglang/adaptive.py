@@ -608,9 +608,10 @@ class AdaptiveDraftLength(DraftLengthPolicy):
         most PROBE_OVERHEAD of their verify passes since the last drafting round (times the
         backoff): a request kept at tier 0 shows no acceptance, and drafts improve, or a bad
         stretch of text ends. The catch-up grows with the stretch: where it alone costs more
-        than PROBE_OVERHEAD of the decode steps it follows, no probe is ever due (the real pair on
-        CPU, batch 60: 66 ms of catch-up per 0.61 s decode step; its probes, each over the whole
-        stretch, had lost ~8% of the server's time). From tier 0 a head round is probed the same
+        than PROBE_OVERHEAD of the decode steps it follows, no probe is due while the stretch is
+        within the catch-ups measured (the real pair on CPU, batch 60: 66 ms of catch-up per
+        0.61 s decode step; its probes, each over the whole stretch, had lost ~8% of the
+        server's time); past the largest, its price stays what that one took (`_catch_up_seconds`). From tier 0 a head round is probed the same
         way (its own streak and backoff, nothing to catch up)."""
         drafting = [t for t in self.tiers if t > 0]
         candidates = []
