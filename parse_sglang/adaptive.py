@@ -611,8 +611,9 @@ class AdaptiveDraftLength(DraftLengthPolicy):
         than PROBE_OVERHEAD of the decode steps it follows, no probe is due while the stretch is
         within the catch-ups measured (the real pair on CPU, batch 60: 66 ms of catch-up per
         0.61 s decode step; its probes, each over the whole stretch, had lost ~8% of the
-        server's time); past the largest, its price stays what that one took (`_catch_up_seconds`). From tier 0 a head round is probed the same
-        way (its own streak and backoff, nothing to catch up)."""
+        server's time); past the largest, its price stays what that one took (`_catch_up_seconds`).
+        From tier 0 a head round is probed the same way (its own streak and backoff, nothing to
+        catch up)."""
         drafting = [t for t in self.tiers if t > 0]
         candidates = []
         if self.tiers[0] == 0 and drafting:
