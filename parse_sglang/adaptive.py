@@ -574,37 +574,37 @@ class AdaptiveDraftLength(DraftLengthPolicy):
             # two rounds of 33 x 60 verify rows on the real pair (0.64x target-only over 96 tokens).
             first = next((t for t in self.tiers if t > 0), self.tiers[0])
             return first if first not in measured else self.tiers[0]
-        behind = sum(state_of(req).draft_behind for req in reqs)
         # A drafting tier this bucket has not measured runs one round on a price borrowed from other
         # cells, and that round first catches the draft up over what the batch committed without it:
         # priced in. Unpriced, the real pair (CPU) ran L = 8 at batch 32 behind 8,192 tokens (~9 s) on
         # batch 60's cells scaled down. A measured tier's catch-up is paid once, then drafting goes on.
-        borrowed = self._catch_up_seconds(behind)
+        catch_up = self._catch_up_seconds(sum(state_of(req).draft_behind for req in reqs))
         rates = {}
         for tier in self.tiers + ([HEAD] if self.head_steps else []):
             cost = self.costs.cost(bs, tier, self._rows(tier, rows_of), steps if tier == 0 else 1)
             if cost is not None and cost > 0:
-                cost += borrowed if tier > 0 and tier not in measured else 0.0
+                cost += catch_up if tier > 0 and tier not in measured else 0.0
                 rates[tier] = self._expected_tokens(tier, reqs, policies, steps, going) / cost
         best = max(rates, key=lambda t: (rates[t], -t)) if rates else self.tiers[0]  # ties: the shorter tier
         if best <= 0:  # a probe replaces a round that drafts nothing; it first catches up over what the draft missed
-            probe = self._probe_due(bs, rows_of, best, behind)
+            probe = self._probe_due(bs, rows_of, best, catch_up)
             if probe is not None:
                 return probe
         # A tier priced from other cells that comes close to the best: measure it here. Not a drafting
-        # tier in place of tier 0: that round first catches the draft up over every token the batch
-        # committed without it (the real pair, CPU: 5,440 tokens at batch 16, ~6 s), and only a probe
-        # (above) prices that.
+        # tier in place of tier 0: its round first catches the draft up over every token the batch
+        # committed without it (the real pair, CPU: 5,440 tokens at batch 16, ~6 s), priced above at
+        # the least it can cost (nothing before a catch-up was measured), so a rate within the margin
+        # is no sign it pays; a probe (above), its loss bounded by PROBE_OVERHEAD, leaves tier 0.
         close = [
             t for t in rates if t not in measured and rates[t] >= EXPLORE_MARGIN * rates[best] and (best > 0 or t <= 0)
         ]
         return max(close, key=lambda t: (rates[t], -t)) if close and not self.costs.fixed else best
 
-    def _probe_due(self, bs: int, rows_of, best: int = 0, behind: int = 0) -> Optional[int]:
+    def _probe_due(self, bs: int, rows_of, best: int = 0, catch_up: float = 0.0) -> Optional[int]:
         """A probe, in place of a round that drafts nothing (tier 0, or a head round: `best`): the
         shortest drafting tier once such rounds have run long enough that the loss of one round
         of it (its cost in decode steps less the tokens per request it emits if it keeps what the
-        pooled curve expects, plus its catch-up over the `behind` tokens the draft missed) is at
+        pooled curve expects, plus its `catch_up`: seconds over the tokens the draft missed) is at
         most PROBE_OVERHEAD of their verify passes since the last drafting round (times the
         backoff): a request kept at tier 0 shows no acceptance, and drafts improve, or a bad
         stretch of text ends. The catch-up grows with the stretch: where it alone costs more
@@ -631,10 +631,8 @@ class AdaptiveDraftLength(DraftLengthPolicy):
             if break_even is None:
                 steps = PROBE_AFTER
             else:
-                catch_up = 0.0 if tier == HEAD else self._catch_up_seconds(behind) / zero  # in decode steps
-                steps = math.ceil(
-                    max(break_even - 1 - keeps + catch_up, 0) / PROBE_OVERHEAD
-                )  # the loss in decode steps
+                behind = 0.0 if tier == HEAD else catch_up / zero  # the catch-up in decode steps
+                steps = math.ceil(max(break_even - 1 - keeps + behind, 0) / PROBE_OVERHEAD)  # the loss in decode steps
             due[tier] = streak / (max(steps, 1) * backoff)
         tier = max(due, key=due.get, default=None)  # the most overdue: one kind's probes never starve the other's
         return tier if tier is not None and due[tier] >= 1 else None
@@ -648,16 +646,18 @@ class AdaptiveDraftLength(DraftLengthPolicy):
         batch of 32 (CPU) priced its prompts' catch-up, ~13 ms, at 0.56 s from batch 1's 21 tokens
         at 0.45 ms each, and never drafted. 0 until one is known, and with a loaded table (its
         cells are no measure of this run's chain)."""
-        known = sorted(b for b, samples in self._catch_ups.items()
-                       if any((bucket(bs), tier) in self.costs.draft for bs, tier, _, _ in samples))  # fmt: skip
-        if self.costs.fixed or not tokens or not known:
+        if self.costs.fixed or not tokens:
             return 0.0
-        nearest = min(known, key=lambda b: (abs(b.bit_length() - bucket(tokens).bit_length()), b))
-        return statistics.median(
-            max(seconds - self.costs.draft[bucket(bs), tier], 0.0) * min(1.0, tokens / count)
-            for bs, tier, seconds, count in self._catch_ups[nearest]
-            if (bucket(bs), tier) in self.costs.draft
-        )
+        extras = {}  # count bucket -> [(seconds beyond its tier's draft part, tokens)]
+        for b, samples in self._catch_ups.items():
+            known = [(max(seconds - self.costs.draft[bucket(bs), tier], 0.0), count)
+                     for bs, tier, seconds, count in samples if (bucket(bs), tier) in self.costs.draft]  # fmt: skip
+            if known:
+                extras[b] = known
+        if not extras:
+            return 0.0
+        nearest = min(extras, key=lambda b: (abs(b.bit_length() - bucket(tokens).bit_length()), b))
+        return statistics.median(extra * min(1.0, tokens / count) for extra, count in extras[nearest])
 
     def _caught_up(self, batch_size: int, tier: int, seconds: float, tokens: int) -> None:
         """A round at `tier` whose draft part (`seconds`) held a catch-up over `tokens` tokens."""
@@ -673,8 +673,8 @@ class AdaptiveDraftLength(DraftLengthPolicy):
     def drafts_on_host(self, caught_up: int = 0) -> None:
         """The round's drafts reached the host: its draft part ends here (`choose` started it);
         caught_up > 0: that part is no sample of its tier's cost (`Draft.caught_up`: it held a
-        catch-up over that many tokens the draft missed) but one of what a catch-up costs per
-        token (`_catch_up_seconds`). A deferred prefill's catch-up (the draft over whole prompts) had added 13 ms
+        catch-up over that many tokens the draft missed) but one of what a catch-up over as many
+        costs (`_catch_up_seconds`). A deferred prefill's catch-up (the draft over whole prompts) had added 13 ms
         to a 39 ms L = 8 draft part at batch 32 (the synthetic pair on CPU), and a closed batch's
         first round is the one that pays it: priced from it, L = 8 went from 66 to 81 ms a round and
         the batch of 32 ran L = 4."""
