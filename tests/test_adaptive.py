@@ -442,6 +442,35 @@ def test_a_request_that_keeps_everything_at_a_short_tier_is_not_locked_in():
     assert first_long <= 200 and chosen[-20:] == [32] * 20, (first_long, chosen[-20:])
 
 
+def test_positions_past_a_requests_frontier_keep_at_its_rate_by_succession():
+    """Past the furthest position a request has reached (8: it keeps 8 of 8), every position keeps
+    at one unknown rate r, the frontier's, whose counts (a kept of n reached, the prior's share
+    included) make it Beta(a, n - a): the chance of keeping k more is E[r^k] = B(a + k, n - a) /
+    B(a, n - a), a reference computed here from the Beta function; E[r]^k, what a product of the
+    frontier's mean rate gave, valued its 32nd position at less than half of that (here 0.37)."""
+    controller = AdaptiveDraftLength(TIERS, linear_costs())
+    for _ in range(30):  # other requests' rounds at L = 32 fail at 7: the pooled rate from there is low
+        observe(controller, [SimpleNamespace()], 32, [6])
+    req = SimpleNamespace()
+    for _ in range(3):
+        observe(controller, [req], 8, [8])
+    own, priors = controller.acceptance(req), controller.pooled.keep_rates()
+    a = own.survival.kept[7] + own.prior_weight * priors[7]
+    n = own.survival.reached[7] + own.prior_weight
+    assert len(own.survival.reached) == 8 and max(priors[8:]) < a / n  # the frontier's rate rules past it
+    alive = own.alive(controller.pooled)  # [1, S(1), ..., S(32)]
+    for k in range(1, 25):
+        moment = math.exp(math.lgamma(a + k) - math.lgamma(a) + math.lgamma(n) - math.lgamma(n + k))  # E[r^k]
+        assert alive[8 + k] == pytest.approx(alive[8] * moment, rel=1e-9), k
+    assert alive[32] > 2 * alive[8] * (a / n) ** 24  # the mean's power: the old valuation
+    assert own.expected(32, controller.pooled) == pytest.approx(sum(alive[1:33]))
+    # a request that failed at its frontier keeps its low rate there: the succession starts from it
+    failing = SimpleNamespace()
+    for _ in range(3):
+        observe(controller, [failing], 8, [7])
+    assert controller.acceptance(failing).alive(controller.pooled)[32] < 0.01
+
+
 def test_the_verify_stops_where_calibrated_confidence_says_the_draft_will_not_survive():
     """After L = 32 is drafted, the verify keeps the tier whose expected tokens (sums of the
     calibrated confidences' products) per second of the whole round are the best: where a row
