@@ -263,10 +263,15 @@ class Survival:
             self.reached[j] += weight
             self.kept[j] += weight * float(j < accepted)
 
-    def keep_rate(self, j: int, prior: float, weight: float) -> float:
-        """P(position j + 1 is kept | it is reached), with `weight` rounds' worth of `prior`."""
+    def counts(self, j: int, prior: float, weight: float) -> tuple[float, float]:
+        """(kept, reached) of position j + 1, with `weight` rounds' worth of `prior` added."""
         reached, kept = (self.reached[j], self.kept[j]) if j < len(self.reached) else (0.0, 0.0)
-        return (kept + weight * prior) / (reached + weight)
+        return kept + weight * prior, reached + weight
+
+    def keep_rate(self, j: int, prior: float, weight: float) -> float:
+        """P(position j + 1 is kept | it is reached): the ratio of its `counts`."""
+        kept, reached = self.counts(j, prior, weight)
+        return kept / reached
 
 
 CONFIDENCE_BINS = 10  # buckets of the draft's top-1 probability, [k/10, (k+1)/10)
@@ -351,8 +356,8 @@ class Acceptance:
         its prior's share included) position f + k + 1 keeps at (a + k) / (n + k) once the k
         before it were kept (Laplace's rule of succession; the positions up to f have rates of
         their own, each its own evidence, and their means multiply). As E[r]^k, a request that
-        kept 8 of 8 in 3 rounds had its 32nd position valued at 0.37 of E[r^k]: a request that
-        keeps all it drafts stayed at a short tier while its own evidence was thin."""
+        kept 8 of 8 in 3 rounds had its 32nd position valued at 0.37 of E[r^k]: the longer tiers
+        of a request that keeps all it drafts were undervalued while its own evidence was thin."""
         self._update(pooled)
         return self._sums[min(max(length, 0), len(self._sums) - 1)]
 
@@ -365,8 +370,7 @@ class Acceptance:
         if self._version != pooled.version:
             alive, rate, priors, f = [1.0], 0.0, pooled.keep_rates(), len(self.survival.reached)
             if 0 < f <= len(priors):  # the frontier's counts, its prior's share included
-                kept = self.survival.kept[f - 1] + self.prior_weight * priors[f - 1]
-                reached = self.survival.reached[f - 1] + self.prior_weight
+                kept, reached = self.survival.counts(f - 1, priors[f - 1], self.prior_weight)
             for j, prior in enumerate(priors):
                 if 0 < f <= j:  # beyond the frontier: its rate, by succession (`expected`)
                     prior = max(prior, rate, (kept + j - f) / (reached + j - f))

@@ -455,8 +455,7 @@ def test_positions_past_a_requests_frontier_keep_at_its_rate_by_succession():
     for _ in range(3):
         observe(controller, [req], 8, [8])
     own, priors = controller.acceptance(req), controller.pooled.keep_rates()
-    a = own.survival.kept[7] + own.prior_weight * priors[7]
-    n = own.survival.reached[7] + own.prior_weight
+    a, n = own.survival.counts(7, priors[7], own.prior_weight)  # 3 rounds' 8th position, the prior's share added
     assert len(own.survival.reached) == 8 and max(priors[8:]) < a / n  # the frontier's rate rules past it
     alive = own.alive(controller.pooled)  # [1, S(1), ..., S(32)]
     for k in range(1, 25):
