@@ -586,16 +586,17 @@ class AdaptiveDraftLength(DraftLengthPolicy):
             # two rounds of 33 x 60 verify rows on the real pair (0.64x target-only over 96 tokens).
             first = next((t for t in self.tiers if t > 0), self.tiers[0])
             return first if first not in measured else self.tiers[0]
-        # A drafting tier this bucket has not measured runs one round on a price borrowed from other
-        # cells, and that round first catches the draft up over what the batch committed without it:
-        # priced in. Unpriced, the real pair (CPU) ran L = 8 at batch 32 behind 8,192 tokens (~9 s) on
-        # batch 60's cells scaled down. A measured tier's catch-up is paid once, then drafting goes on.
+        # A drafting round first catches the draft up over what the batch committed without it:
+        # priced in, measured tier or not. Unpriced, the real pair (CPU) ran L = 8 at batch 32 behind
+        # 8,192 tokens (~9 s) on batch 60's cells scaled down; and at batch 60, where L = 8 was
+        # measured and a drifting machine priced tier 0 up past it, behind 7,680 tokens (35 s for
+        # the round's ~470 tokens). Leaving tier 0 over a long stretch is a probe's (its loss bounded).
         catch_up = self._catch_up_seconds(sum(state_of(req).draft_behind for req in reqs))
         rates = {}
         for tier in self.tiers + ([HEAD] if self.head_steps else []):
             cost = self.costs.cost(bs, tier, self._rows(tier, rows_of), steps if tier == 0 else 1)
             if cost is not None and cost > 0:
-                cost += catch_up if tier > 0 and tier not in measured else 0.0
+                cost += catch_up if tier > 0 else 0.0
                 rates[tier] = self._expected_tokens(tier, reqs, policies, steps, going) / cost
         best = max(rates, key=lambda t: (rates[t], -t)) if rates else self.tiers[0]  # ties: the shorter tier
         if best <= 0:  # a probe replaces a round that drafts nothing; it first catches up over what the draft missed

@@ -710,13 +710,13 @@ def test_a_drafting_tier_priced_from_another_bucket_is_not_measured_in_place_of_
     assert probe_after == math.ceil(math.ceil(loss / PROBE_OVERHEAD) / 4), (probe_after, loss)  # 4-step rounds
 
 
-def test_a_drafting_tier_priced_from_another_bucket_pays_its_catch_up_to_be_chosen():
-    """A drafting tier this bucket has not measured is priced from other cells; its round first
-    catches the draft up over what the batch committed at tier 0, and that is priced in: behind
-    the real pair's 8,192 tokens at batch 32 it loses to tier 0, where its borrowed price alone
-    beat it by a third. Controls: with nothing behind, the same borrowed price wins; once
-    measured in the bucket, the tier is chosen behind the same stretch (its catch-up is paid
-    once, then drafting goes on)."""
+def test_a_drafting_tier_pays_its_catch_up_to_be_chosen_measured_or_not():
+    """A drafting round first catches the draft up over what the batch committed at tier 0, and
+    that is priced in. A tier this bucket has not measured (priced from other cells): behind the
+    real pair's 8,192 tokens at batch 32 it loses to tier 0, where its borrowed price alone beat
+    it by a third. A measured one alike: the real pair's batch of 60 (CPU) ran L = 8, measured,
+    behind 7,680 tokens once a drifting machine had priced tier 0 up past it, and its catch-up
+    took 35 s. Controls: with nothing behind, the same prices win, borrowed or measured."""
     controller = AdaptiveDraftLength((0, 8), CostTable())
     batch, big = [SimpleNamespace() for _ in range(32)], [SimpleNamespace() for _ in range(60)]
     for _ in range(1 + EXPLORE_SAMPLES):  # bucket 32 ran tier 0 only; bucket 64 both
@@ -741,9 +741,13 @@ def test_a_drafting_tier_priced_from_another_bucket_pays_its_catch_up_to_be_chos
     for req in batch:
         state_of(req).draft_behind = 256  # 8,192 tokens, ~9 s of catch-up
     assert controller.choose(batch, policies(32), rows_of, steps=4) == 0
-    for _ in range(1 + EXPLORE_SAMPLES):  # control: L = 8 measured at batch 32, at the same cost
+    for _ in range(1 + EXPLORE_SAMPLES):  # L = 8 measured at batch 32, at the same cost
         observe(controller, batch, 8, [3] * 32, controller.costs.cost(32, 8, rows_of(8)) - 1.0, 1.0)
     assert controller.costs.measured_tiers(32) == {0, 8}
+    assert borrowed_over_zero()[8] / rates[0] > 1.2  # without its catch-up it still wins outright
+    assert controller.choose(batch, policies(32), rows_of, steps=4) == 0
+    for req in batch:  # control: caught up (a probe's round), the measured tier drafts on
+        state_of(req).draft_behind = 0
     assert controller.choose(batch, policies(32), rows_of, steps=4) == 8
 
 
