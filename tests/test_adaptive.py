@@ -728,14 +728,14 @@ def test_a_drafting_tier_pays_its_catch_up_to_be_chosen_measured_or_not():
     controller._caught_up(60, 8, controller.costs.draft[64, 8] + 6153 * 0.0011, 6153)
     assert controller.costs.measured_tiers(32) == {0}
 
-    def borrowed_over_zero():
+    def rates_without_catch_up():
         return {
             tier: controller._expected_tokens(tier, batch, policies(32), 4, None)
             / controller.costs.cost(32, tier, rows_of(tier), 4 if tier == 0 else 1)
             for tier in (0, 8)
         }
 
-    rates = borrowed_over_zero()
+    rates = rates_without_catch_up()
     assert rates[8] / rates[0] > 1.2, rates  # unpriced, L = 8 wins outright
     assert controller.choose(batch, policies(32), rows_of, steps=4) == 8  # control: nothing behind
     for req in batch:
@@ -744,7 +744,7 @@ def test_a_drafting_tier_pays_its_catch_up_to_be_chosen_measured_or_not():
     for _ in range(1 + EXPLORE_SAMPLES):  # L = 8 measured at batch 32, at the same cost
         observe(controller, batch, 8, [3] * 32, controller.costs.cost(32, 8, rows_of(8)) - 1.0, 1.0)
     assert controller.costs.measured_tiers(32) == {0, 8}
-    assert borrowed_over_zero()[8] / rates[0] > 1.2  # without its catch-up it still wins outright
+    assert rates_without_catch_up()[8] / rates[0] > 1.2  # without its catch-up it still wins outright
     assert controller.choose(batch, policies(32), rows_of, steps=4) == 0
     for req in batch:  # control: caught up (a probe's round), the measured tier drafts on
         state_of(req).draft_behind = 0
