@@ -478,6 +478,7 @@ class AdaptiveDraftLength(DraftLengthPolicy):
         self._zero_streak = 0  # verify passes of tier 0 and head rounds since the last round that drafted
         self._head_streak = 0  # tier-0 decode steps since the last head round
         self._backoff = 1  # probes out of tier 0 space out by this factor while they do not pay
+        self._paid = False  # the last round that drafted (PARSE's draft) paid for itself: a probe is due at once
         self._head_backoff = 1  # ... and the head's probes out of tier 0
         self._break_even = None  # tokens per request this round must emit to beat tier 0 in its time
         self._typical = Acceptance()  # no rounds of its own: the pooled curve's expectations
@@ -600,7 +601,7 @@ class AdaptiveDraftLength(DraftLengthPolicy):
                 rates[tier] = self._expected_tokens(tier, reqs, policies, steps, going) / cost
         best = max(rates, key=lambda t: (rates[t], -t)) if rates else self.tiers[0]  # ties: the shorter tier
         if best <= 0:  # a probe replaces a round that drafts nothing; it first catches up over what the draft missed
-            probe = self._probe_due(bs, rows_of, best, catch_up)
+            probe = self._probe_due(policies, rows_of, best, catch_up)
             if probe is not None:
                 return probe
         # A tier priced from other cells that comes close to the best: measure it here. Not a drafting
@@ -613,20 +614,29 @@ class AdaptiveDraftLength(DraftLengthPolicy):
         ]
         return max(close, key=lambda t: (rates[t], -t)) if close and not self.costs.fixed else best
 
-    def _probe_due(self, bs: int, rows_of, best: int = 0, catch_up: float = 0.0) -> Optional[int]:
-        """A probe, in place of a round that drafts nothing (tier 0, or a head round: `best`): the
-        shortest drafting tier once such rounds have run long enough that the loss of one round
-        of it (its cost in decode steps less the tokens per request it emits if it keeps what the
-        pooled curve expects, plus its `catch_up`: seconds over the tokens the draft missed) is at
-        most PROBE_OVERHEAD of their verify passes since the last drafting round (times the
-        backoff): a request kept at tier 0 shows no acceptance, and drafts improve, or a bad
-        stretch of text ends. The catch-up grows with the stretch: where it alone costs more
-        than PROBE_OVERHEAD of the decode steps it follows, no probe is due while the stretch is
-        within the catch-ups measured (the real pair on CPU, batch 60: 66 ms of catch-up per
-        0.61 s decode step; its probes, each over the whole stretch, had lost ~8% of the
-        server's time); past the largest, its price stays what that one took (`_catch_up_seconds`).
-        From tier 0 a head round is probed the same way (its own streak and backoff, nothing to
-        catch up)."""
+    def _probe_due(self, policies, rows_of, best: int = 0, catch_up: float = 0.0) -> Optional[int]:
+        """A probe, in place of a round that drafts nothing (tier 0, or a head round: `best`) for
+        the batch of `policies`: the shortest drafting tier
+        - once such rounds have run long enough that the loss of one round of it (its cost in
+          decode steps less the tokens per request it emits if it keeps what the pooled curve
+          expects, plus its `catch_up`: seconds over the tokens the draft missed) is at most
+          PROBE_OVERHEAD of their verify passes since the last drafting round (times the
+          backoff): a request kept at tier 0 shows no acceptance, and drafts improve, or a bad
+          stretch of text ends;
+        - at once after a drafting round that paid for itself, unless its catch-up (over requests
+          that joined since) costs more than the round: that round beat the estimate that now
+          chooses tier 0. A server whose first rounds ran on SGLang's warm-up request (the
+          synthetic pair's target kept 1 of their 24 draft tokens) ran its batch of 1 at tier 0
+          for four 64-token requests whose drafts a fixed L = 8 keeps whole in every round;
+        - never where the batch, keeping all it can (its budgets), would emit no more than tier
+          0 in the probe's time: it could not pay, and spaced the next ones out (a probe at a
+          request's last 2 tokens).
+        The catch-up grows with the stretch: where it alone costs more than PROBE_OVERHEAD of the
+        decode steps it follows, no probe is due while the stretch is within the catch-ups
+        measured (the real pair on CPU, batch 60: 66 ms of catch-up per 0.61 s decode step; its
+        probes, each over the whole stretch, had lost ~8% of the server's time); past the
+        largest, its price stays what that one took (`_catch_up_seconds`). From tier 0 a head
+        round is probed the same way (its own streak and backoff, nothing to catch up)."""
         drafting = [t for t in self.tiers if t > 0]
         candidates = []
         if self.tiers[0] == 0 and drafting:
@@ -638,13 +648,21 @@ class AdaptiveDraftLength(DraftLengthPolicy):
                 (HEAD, self._head_streak, self._head_backoff, self._typical.expected(self.head_steps, self.head_pooled))
             )
         due = {}  # tier -> how many times over its probe is due
+        bs = len(policies)
         zero = self.costs.cost(bs, 0, rows_of(0))  # a decode step's seconds
         for tier, streak, backoff, keeps in candidates:
             break_even = self._break_even_of(bs, tier, rows_of)
             if break_even is None:
                 steps = PROBE_AFTER
+            elif sum(1 + reach(p, self.head_steps if tier == HEAD else tier) for p in policies) <= bs * break_even:
+                continue  # kept whole, it could not pay
             else:
                 behind = 0.0 if tier == HEAD else catch_up / zero  # the catch-up in decode steps
+                if (
+                    tier != HEAD and self._paid and behind <= break_even
+                ):  # (a catch-up dearer than the round: by its loss)
+                    due[tier] = math.inf
+                    continue
                 steps = math.ceil(max(break_even - 1 - keeps + behind, 0) / PROBE_OVERHEAD)  # the loss in decode steps
             due[tier] = streak / (max(steps, 1) * backoff)
         tier = max(due, key=due.get, default=None)  # the most overdue: one kind's probes never starve the other's
@@ -733,6 +751,7 @@ class AdaptiveDraftLength(DraftLengthPolicy):
             self._zero_streak += 1
             self._head_streak = 0
             return
+        self._paid = bool(paid) and self._break_even is not None  # against a known price only
         exact = ~plan.judged  # what exact match keeps (what the verify's cut predicts): unjudged rounds
         self.calibration.observe(plan.confidence[exact], plan.draft_lens[exact], torch.tensor(result.lengths)[exact])
         if paid:

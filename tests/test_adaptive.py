@@ -638,6 +638,41 @@ def test_tier_zero_is_probed_again_at_a_bounded_cost_with_backoff():
     assert controller._backoff == 1
 
 
+def test_a_probe_that_pays_is_followed_by_another_and_one_that_cannot_pay_waits():
+    """The pool says drafts keep nothing (a server whose first rounds ran on SGLang's warm-up
+    request), so the choice is tier 0 and only probes draft. A probe that keeps all it drafts
+    paid for itself: the next round probes again, at once, and the request drafts from then on
+    (control: after a probe that keeps nothing, tier 0 again). A probe due where the request's
+    budget lets it emit no more than tier 0 in the probe's time waits for one that can keep it:
+    it could not pay, and would have spaced the next ones out (a probe at a request's last 2
+    tokens, the synthetic pair on CPU)."""
+    costs = linear_costs(step_s=0.004, verify_s=0.005)
+    ratio = costs.cost(1, 4, 5) / costs.cost(1, 0, 1)  # tokens a probe must emit to pay
+    assert 2 < ratio < 3
+
+    def run(keep: int, rounds: int, budget: int = 32, controller=None):
+        if controller is None:
+            controller = AdaptiveDraftLength(TIERS, costs)
+            for _ in range(200):
+                controller.pooled.observe(4, 0)
+        req, tiers = [SimpleNamespace()], []
+        for _ in range(rounds):
+            tiers.append(controller.choose(req, policies(1, budget), rows_of))
+            observe(controller, req, tiers[-1], [min(keep, tiers[-1])])
+        return controller, tiers
+
+    _, tiers = run(keep=32, rounds=150)
+    first = tiers.index(4)  # where tier-0 rounds paid for a probe's loss at PROBE_OVERHEAD
+    assert first == pytest.approx((ratio - 1) / PROBE_OVERHEAD, abs=2) and 0 not in tiers[first:], tiers
+    _, tiers = run(keep=0, rounds=first + 2)
+    assert tiers[first : first + 2] == [4, 0], tiers
+    # one token left (budget 1): a probe emits at most 2 < ratio, so none comes however long the streak
+    controller, tiers = run(keep=32, rounds=3 * first, budget=1)
+    assert set(tiers) == {0}, tiers
+    _, tiers = run(keep=32, rounds=1, controller=controller)  # the next request, its whole budget left
+    assert tiers == [4]
+
+
 def test_a_probe_pays_for_its_catch_up_and_where_that_alone_costs_more_than_the_overhead_none_comes():
     """A probe first extends the draft over every token the batch's tier-0 rounds committed: its
     cost grows with the stretch it ends. Priced in (per token, from earlier catch-ups), the first
@@ -798,7 +833,7 @@ def test_a_new_batch_after_one_that_ended_at_tier_zero_runs_its_best_tier_not_a_
     tail = policies(8, budget=0)  # one token left each: tier 0 emits it for the whole batch
     assert controller.choose(ending, tail, rows_of, steps=1) == 0
     observe(controller, ending, 0, [0] * 8, steps=1)
-    assert controller._probe_due(8, rows_of) == 4, "tier-0 steps behind: a probe would be due"
+    assert controller._probe_due(policies(8), rows_of) == 4, "tier-0 steps behind: a probe would be due"
     fresh = [SimpleNamespace() for _ in range(8)]
     assert controller.choose(fresh, policies(8), rows_of) == 32
     # where the choice is tier 0 the probe still replaces it (a request left at tier 0)
