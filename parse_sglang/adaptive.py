@@ -478,7 +478,6 @@ class AdaptiveDraftLength(DraftLengthPolicy):
         self._zero_streak = 0  # verify passes of tier 0 and head rounds since the last round that drafted
         self._head_streak = 0  # tier-0 decode steps since the last head round
         self._backoff = 1  # probes out of tier 0 space out by this factor while they do not pay
-        self._paid = False  # the last round that drafted (PARSE's draft) paid for itself: a probe is due at once
         self._head_backoff = 1  # ... and the head's probes out of tier 0
         self._break_even = None  # tokens per request this round must emit to beat tier 0 in its time
         self._typical = Acceptance()  # no rounds of its own: the pooled curve's expectations
@@ -623,14 +622,10 @@ class AdaptiveDraftLength(DraftLengthPolicy):
           PROBE_OVERHEAD of their verify passes since the last drafting round (times the
           backoff): a request kept at tier 0 shows no acceptance, and drafts improve, or a bad
           stretch of text ends;
-        - at once after a drafting round that paid for itself, unless its catch-up (over requests
-          that joined since) costs more than the round: that round beat the estimate that now
-          chooses tier 0. A server whose first rounds ran on SGLang's warm-up request (the
-          synthetic pair's target kept 1 of their 24 draft tokens) ran its batch of 1 at tier 0
-          for four 64-token requests whose drafts a fixed L = 8 keeps whole in every round;
         - never where the batch, keeping all it can (its budgets), would emit no more than tier
-          0 in the probe's time: it could not pay, and spaced the next ones out (a probe at a
-          request's last 2 tokens).
+          0 in the probe's time: it could not pay, and spaced the next ones out (the synthetic
+          pair's batch of 1 on CPU, at tier 0 after SGLang's warm-up request: a probe came at a
+          request's last 2 tokens, kept both and, emitting 3 where 6.4 paid, doubled the spacing).
         The catch-up grows with the stretch: where it alone costs more than PROBE_OVERHEAD of the
         decode steps it follows, no probe is due while the stretch is within the catch-ups
         measured (the real pair on CPU, batch 60: 66 ms of catch-up per 0.61 s decode step; its
@@ -658,11 +653,6 @@ class AdaptiveDraftLength(DraftLengthPolicy):
                 continue  # kept whole, it could not pay
             else:
                 behind = 0.0 if tier == HEAD else catch_up / zero  # the catch-up in decode steps
-                if (
-                    tier != HEAD and self._paid and behind <= break_even
-                ):  # (a catch-up dearer than the round: by its loss)
-                    due[tier] = math.inf
-                    continue
                 steps = math.ceil(max(break_even - 1 - keeps + behind, 0) / PROBE_OVERHEAD)  # the loss in decode steps
             due[tier] = streak / (max(steps, 1) * backoff)
         tier = max(due, key=due.get, default=None)  # the most overdue: one kind's probes never starve the other's
@@ -751,7 +741,6 @@ class AdaptiveDraftLength(DraftLengthPolicy):
             self._zero_streak += 1
             self._head_streak = 0
             return
-        self._paid = bool(paid) and self._break_even is not None  # against a known price only
         exact = ~plan.judged  # what exact match keeps (what the verify's cut predicts): unjudged rounds
         self.calibration.observe(plan.confidence[exact], plan.draft_lens[exact], torch.tensor(result.lengths)[exact])
         if paid:

@@ -638,19 +638,18 @@ def test_tier_zero_is_probed_again_at_a_bounded_cost_with_backoff():
     assert controller._backoff == 1
 
 
-def test_a_probe_that_pays_is_followed_by_another_and_one_that_cannot_pay_waits():
-    """The pool says drafts keep nothing (a server whose first rounds ran on SGLang's warm-up
-    request), so the choice is tier 0 and only probes draft. A probe that keeps all it drafts
-    paid for itself: the next round probes again, at once, and the request drafts from then on
-    (control: after a probe that keeps nothing, tier 0 again). A probe due where the request's
-    budget lets it emit no more than tier 0 in the probe's time waits for one that can keep it:
-    it could not pay, and would have spaced the next ones out (a probe at a request's last 2
-    tokens, the synthetic pair on CPU)."""
+def test_a_probe_that_the_batchs_budgets_keep_from_paying_waits_for_one_that_can_pay():
+    """The pool says drafts keep nothing, so the choice is tier 0 and only probes draft. A probe
+    due where the request's budget lets it emit no more than tier 0 in the probe's time waits,
+    however long the streak, for a request that can keep it: it could not pay, and would have
+    spaced the next ones out (a probe at a request's last 2 tokens, the synthetic pair on CPU).
+    Control: with its whole budget left, the request probes once tier-0 rounds paid for the
+    probe's loss at PROBE_OVERHEAD."""
     costs = linear_costs(step_s=0.004, verify_s=0.005)
     ratio = costs.cost(1, 4, 5) / costs.cost(1, 0, 1)  # tokens a probe must emit to pay
     assert 2 < ratio < 3
 
-    def run(keep: int, rounds: int, budget: int = 32, controller=None):
+    def run(rounds: int, budget: int, controller=None):
         if controller is None:
             controller = AdaptiveDraftLength(TIERS, costs)
             for _ in range(200):
@@ -658,18 +657,16 @@ def test_a_probe_that_pays_is_followed_by_another_and_one_that_cannot_pay_waits(
         req, tiers = [SimpleNamespace()], []
         for _ in range(rounds):
             tiers.append(controller.choose(req, policies(1, budget), rows_of))
-            observe(controller, req, tiers[-1], [min(keep, tiers[-1])])
+            observe(controller, req, tiers[-1], [0])
         return controller, tiers
 
-    _, tiers = run(keep=32, rounds=150)
-    first = tiers.index(4)  # where tier-0 rounds paid for a probe's loss at PROBE_OVERHEAD
-    assert first == pytest.approx((ratio - 1) / PROBE_OVERHEAD, abs=2) and 0 not in tiers[first:], tiers
-    _, tiers = run(keep=0, rounds=first + 2)
-    assert tiers[first : first + 2] == [4, 0], tiers
-    # one token left (budget 1): a probe emits at most 2 < ratio, so none comes however long the streak
-    controller, tiers = run(keep=32, rounds=3 * first, budget=1)
+    _, tiers = run(rounds=150, budget=32)
+    first = tiers.index(4)
+    assert first == pytest.approx((ratio - 1) / PROBE_OVERHEAD, abs=2), tiers
+    # one token left (budget 1): a probe emits at most 2 < ratio
+    controller, tiers = run(rounds=3 * first, budget=1)
     assert set(tiers) == {0}, tiers
-    _, tiers = run(keep=32, rounds=1, controller=controller)  # the next request, its whole budget left
+    _, tiers = run(rounds=1, budget=32, controller=controller)  # the next request, its whole budget left
     assert tiers == [4]
 
 
