@@ -625,7 +625,7 @@ class AdaptiveDraftLength(DraftLengthPolicy):
         - never where the batch, keeping all it can (its budgets), would emit no more than tier
           0 in the probe's time: it could not pay, and spaced the next ones out (the synthetic
           pair's batch of 1 on CPU, at tier 0 after SGLang's warm-up request: a probe came at a
-          request's last 2 tokens, kept both and, emitting 3 where 6.4 paid, doubled the spacing).
+          request's last 2 tokens, kept both and, emitting 3 where about 6 paid, doubled the spacing).
         The catch-up grows with the stretch: where it alone costs more than PROBE_OVERHEAD of the
         decode steps it follows, no probe is due while the stretch is within the catch-ups
         measured (the real pair on CPU, batch 60: 66 ms of catch-up per 0.61 s decode step; its
