@@ -478,6 +478,7 @@ class AdaptiveDraftLength(DraftLengthPolicy):
         self._zero_streak = 0  # verify passes of tier 0 and head rounds since the last round that drafted
         self._head_streak = 0  # tier-0 decode steps since the last head round
         self._backoff = 1  # probes out of tier 0 space out by this factor while they do not pay
+        self._kept = None  # (tier, draft tokens a request kept) of the last round, if it drafted and paid
         self._head_backoff = 1  # ... and the head's probes out of tier 0
         self._break_even = None  # tokens per request this round must emit to beat tier 0 in its time
         self._typical = Acceptance()  # no rounds of its own: the pooled curve's expectations
@@ -599,6 +600,15 @@ class AdaptiveDraftLength(DraftLengthPolicy):
                 cost += catch_up if tier > 0 else 0.0
                 rates[tier] = self._expected_tokens(tier, reqs, policies, steps, going) / cost
         best = max(rates, key=lambda t: (rates[t], -t)) if rates else self.tiers[0]  # ties: the shorter tier
+        if best == 0 and self._kept is not None and 0 in rates:
+            # The last round drafted and paid: what it kept is this batch's latest evidence. Valued as
+            # any tier (budgets, where outputs end, the catch-up, its cost), again where it beats tier 0.
+            # Else a request's own rounds outweigh a pooled curve that SGLang's warm-up request set
+            # only after ~4 rounds, and probes came ~250 decode steps apart (the synthetic pair, batch 1).
+            tier, kept = self._kept
+            cost = self.costs.cost(bs, tier, rows_of(tier))
+            if cost and self._kept_again(tier, kept, policies, going) / (cost + catch_up) > rates[0]:
+                return tier
         if best <= 0:  # a probe replaces a round that drafts nothing; it first catches up over what the draft missed
             probe = self._probe_due(policies, rows_of, best, catch_up)
             if probe is not None:
@@ -612,6 +622,14 @@ class AdaptiveDraftLength(DraftLengthPolicy):
             t for t in rates if t not in measured and rates[t] >= EXPLORE_MARGIN * rates[best] and (best > 0 or t <= 0)
         ]
         return max(close, key=lambda t: (rates[t], -t)) if close and not self.costs.fixed else best
+
+    @staticmethod
+    def _kept_again(tier: int, kept: int, policies, going: Optional[torch.Tensor]) -> float:
+        """Tokens the batch emits in a round at `tier` if each request keeps `kept` draft tokens (at
+        most its `reach`), each weighed by `going` (None: every one) as `_expected_tokens` weighs them."""
+        keep = torch.tensor([min(kept, reach(p, tier)) for p in policies])  # [bs]
+        emitted = torch.arange(tier + 1) <= keep[:, None]  # [bs, tier + 1]
+        return float(emitted.sum() if going is None else (going[:, : tier + 1] * emitted).sum())
 
     def _probe_due(self, policies, rows_of, best: int = 0, catch_up: float = 0.0) -> Optional[int]:
         """A probe, in place of a round that drafts nothing (tier 0, or a head round: `best`) for
@@ -723,6 +741,7 @@ class AdaptiveDraftLength(DraftLengthPolicy):
         round): its costs (draft_s None: its draft part is no cost of its tier), the rest per pass,
         and each request's acceptance (host plan and result)."""
         self.costs.observe(len(reqs), tier, rows, draft_s, rest_s / steps)
+        self._kept = None
         if tier == 0:
             self._zero_streak += steps
             self._head_streak += steps
@@ -736,6 +755,8 @@ class AdaptiveDraftLength(DraftLengthPolicy):
                 own.observe(drafted, accepted)
                 emitted.append(1 + accepted)
         paid = emitted and statistics.mean(emitted) > (self._break_even or 1.0)
+        if paid and tier != HEAD and self._break_even is not None:  # (a known price only)
+            self._kept = (tier, int(statistics.mean(emitted)) - 1)
         if tier == HEAD:  # a round that drafts nothing of PARSE's: the drafting probes' streak goes on
             self._head_backoff = 1 if paid else min(2 * self._head_backoff, PROBE_BACKOFF_MAX)
             self._zero_streak += 1

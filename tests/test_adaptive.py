@@ -670,6 +670,39 @@ def test_a_probe_that_the_batchs_budgets_keep_from_paying_waits_for_one_that_can
     assert tiers == [4]
 
 
+def test_a_round_that_paid_drafts_again_while_what_it_kept_beats_tier_zero():
+    """The pool says drafts keep nothing (a server whose first rounds ran on SGLang's warm-up
+    request), so only probes leave tier 0. A probe that keeps all it drafts paid: the next round
+    drafts again, valued by what it kept, and so does every round after it while they pay; the
+    request's own rounds then outweigh the pool. Controls: after a probe that keeps nothing,
+    tier 0; after one that paid, a batch whose budgets leave 1 token a request (what it kept,
+    valued within its reach, does not beat tier 0) runs tier 0 too."""
+    costs = linear_costs(step_s=0.004, verify_s=0.005)
+    ratio = costs.cost(1, 4, 5) / costs.cost(1, 0, 1)  # tokens a round of L = 4 must emit to pay
+    assert 2 < ratio < 3
+
+    def run(keep: int, rounds: int, budget: int = 32, controller=None):
+        if controller is None:
+            controller = AdaptiveDraftLength(TIERS, costs)
+            for _ in range(200):
+                controller.pooled.observe(4, 0)
+        req, tiers = [SimpleNamespace()], []
+        for _ in range(rounds):
+            tiers.append(controller.choose(req, policies(1, budget), rows_of))
+            observe(controller, req, tiers[-1], [min(keep, tiers[-1])])
+        return controller, tiers
+
+    _, tiers = run(keep=32, rounds=150)
+    first = tiers.index(4)  # the first probe
+    assert 0 not in tiers[first:] and tiers[-1] == 32, tiers
+    _, tiers = run(keep=0, rounds=first + 2)
+    assert tiers[first:] == [4, 0], tiers
+    controller, tiers = run(keep=32, rounds=first + 1)
+    assert tiers[-1] == 4 and controller._kept == (4, 4)
+    _, tiers = run(keep=32, rounds=1, budget=1, controller=controller)
+    assert tiers == [0]
+
+
 def test_a_probe_pays_for_its_catch_up_and_where_that_alone_costs_more_than_the_overhead_none_comes():
     """A probe first extends the draft over every token the batch's tier-0 rounds committed: its
     cost grows with the stretch it ends. Priced in (per token, from earlier catch-ups), the first
