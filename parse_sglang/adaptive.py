@@ -478,8 +478,8 @@ class AdaptiveDraftLength(DraftLengthPolicy):
         self._zero_streak = 0  # verify passes of tier 0 and head rounds since the last round that drafted
         self._head_streak = 0  # tier-0 decode steps since the last head round
         self._backoff = 1  # probes out of tier 0 space out by this factor while they do not pay
-        self._kept = None  # (tier, draft tokens a request kept) of the last round, if it drafted and paid
         self._head_backoff = 1  # ... and the head's probes out of tier 0
+        self._kept = None  # (tier, draft tokens a request kept) of the last round, if it drafted and paid
         self._break_even = None  # tokens per request this round must emit to beat tier 0 in its time
         self._typical = Acceptance()  # no rounds of its own: the pooled curve's expectations
         self._clock = {}  # this round's host times at its crossings (its measured costs)
