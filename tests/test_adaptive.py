@@ -638,6 +638,21 @@ def test_tier_zero_is_probed_again_at_a_bounded_cost_with_backoff():
     assert controller._backoff == 1
 
 
+def one_request_rounds(costs, keep: int, rounds: int, budget: int = 32, controller=None):
+    """(controller, tiers): `rounds` choices for one request whose draft keeps `keep` of each
+    round (within its tier), in a server whose pool says drafts keep nothing (a new one unless
+    `controller`): a server whose first rounds ran on SGLang's warm-up request."""
+    if controller is None:
+        controller = AdaptiveDraftLength(TIERS, costs)
+        for _ in range(200):
+            controller.pooled.observe(4, 0)
+    req, tiers = [SimpleNamespace()], []
+    for _ in range(rounds):
+        tiers.append(controller.choose(req, policies(1, budget), rows_of))
+        observe(controller, req, tiers[-1], [min(keep, tiers[-1])])
+    return controller, tiers
+
+
 def test_a_probe_that_the_batchs_budgets_keep_from_paying_waits_for_one_that_can_pay():
     """The pool says drafts keep nothing, so the choice is tier 0 and only probes draft. A probe
     due where the request's budget lets it emit no more than tier 0 in the probe's time waits,
@@ -649,24 +664,13 @@ def test_a_probe_that_the_batchs_budgets_keep_from_paying_waits_for_one_that_can
     ratio = costs.cost(1, 4, 5) / costs.cost(1, 0, 1)  # tokens a probe must emit to pay
     assert 2 < ratio < 3
 
-    def run(rounds: int, budget: int, controller=None):
-        if controller is None:
-            controller = AdaptiveDraftLength(TIERS, costs)
-            for _ in range(200):
-                controller.pooled.observe(4, 0)
-        req, tiers = [SimpleNamespace()], []
-        for _ in range(rounds):
-            tiers.append(controller.choose(req, policies(1, budget), rows_of))
-            observe(controller, req, tiers[-1], [0])
-        return controller, tiers
-
-    _, tiers = run(rounds=150, budget=32)
+    _, tiers = one_request_rounds(costs, keep=0, rounds=150)
     first = tiers.index(4)
     assert first == pytest.approx((ratio - 1) / PROBE_OVERHEAD, abs=2), tiers
     # one token left (budget 1): a probe emits at most 2 < ratio
-    controller, tiers = run(rounds=3 * first, budget=1)
+    controller, tiers = one_request_rounds(costs, keep=0, rounds=3 * first, budget=1)
     assert set(tiers) == {0}, tiers
-    _, tiers = run(rounds=1, budget=32, controller=controller)  # the next request, its whole budget left
+    _, tiers = one_request_rounds(costs, keep=0, rounds=1, controller=controller)  # the next request, whole budget
     assert tiers == [4]
 
 
@@ -681,25 +685,14 @@ def test_a_round_that_paid_drafts_again_while_what_it_kept_beats_tier_zero():
     ratio = costs.cost(1, 4, 5) / costs.cost(1, 0, 1)  # tokens a round of L = 4 must emit to pay
     assert 2 < ratio < 3
 
-    def run(keep: int, rounds: int, budget: int = 32, controller=None):
-        if controller is None:
-            controller = AdaptiveDraftLength(TIERS, costs)
-            for _ in range(200):
-                controller.pooled.observe(4, 0)
-        req, tiers = [SimpleNamespace()], []
-        for _ in range(rounds):
-            tiers.append(controller.choose(req, policies(1, budget), rows_of))
-            observe(controller, req, tiers[-1], [min(keep, tiers[-1])])
-        return controller, tiers
-
-    _, tiers = run(keep=32, rounds=150)
+    _, tiers = one_request_rounds(costs, keep=32, rounds=150)
     first = tiers.index(4)  # the first probe
     assert 0 not in tiers[first:] and tiers[-1] == 32, tiers
-    _, tiers = run(keep=0, rounds=first + 2)
+    _, tiers = one_request_rounds(costs, keep=0, rounds=first + 2)
     assert tiers[first:] == [4, 0], tiers
-    controller, tiers = run(keep=32, rounds=first + 1)
+    controller, tiers = one_request_rounds(costs, keep=32, rounds=first + 1)
     assert tiers[-1] == 4 and controller._kept == (4, 4)
-    _, tiers = run(keep=32, rounds=1, budget=1, controller=controller)
+    _, tiers = one_request_rounds(costs, keep=32, rounds=1, budget=1, controller=controller)
     assert tiers == [0]
 
 
