@@ -576,8 +576,7 @@ class AdaptiveDraftLength(DraftLengthPolicy):
         if going is None:
             return sum(1 + curve(req).expected(reach(p, k), pooled) for req, p in zip(reqs, policies))
         alive = torch.tensor([curve(req).alive(pooled)[: k + 1] for req in reqs], dtype=torch.float64)  # [bs, k + 1]
-        reached = torch.arange(k + 1) <= torch.tensor([reach(p, k) for p in policies])[:, None]  # [bs, k + 1]
-        return float((alive * going[:, : k + 1] * reached).sum())
+        return _emitted(alive, policies, k, going)
 
     def _best_tier(self, reqs, policies, rows_of, steps: int, going: Optional[torch.Tensor]) -> int:
         bs = len(reqs)
@@ -604,10 +603,12 @@ class AdaptiveDraftLength(DraftLengthPolicy):
             # The last round drafted and paid: what it kept is this batch's latest evidence. Valued as
             # any tier (budgets, where outputs end, the catch-up, its cost), again where it beats tier 0.
             # Else a request's own rounds outweigh a pooled curve that SGLang's warm-up request set
-            # only after ~4 rounds, and probes came ~250 decode steps apart (the synthetic pair, batch 1).
+            # only after ~4 rounds (its prior's weight), and probes came ~250 decode steps apart (the
+            # synthetic pair, batch 1).
             tier, kept = self._kept
             cost = self.costs.cost(bs, tier, rows_of(tier))
-            if cost and self._kept_again(tier, kept, policies, going) / (cost + catch_up) > rates[0]:
+            alive = (torch.arange(tier + 1) <= kept).double().expand(bs, -1)  # [bs, tier + 1]
+            if cost and _emitted(alive, policies, tier, going) / (cost + catch_up) > rates[0]:
                 return tier
         if best <= 0:  # a probe replaces a round that drafts nothing; it first catches up over what the draft missed
             probe = self._probe_due(policies, rows_of, best, catch_up)
@@ -622,14 +623,6 @@ class AdaptiveDraftLength(DraftLengthPolicy):
             t for t in rates if t not in measured and rates[t] >= EXPLORE_MARGIN * rates[best] and (best > 0 or t <= 0)
         ]
         return max(close, key=lambda t: (rates[t], -t)) if close and not self.costs.fixed else best
-
-    @staticmethod
-    def _kept_again(tier: int, kept: int, policies, going: Optional[torch.Tensor]) -> float:
-        """Tokens the batch emits in a round at `tier` if each request keeps `kept` draft tokens (at
-        most its `reach`), each weighed by `going` (None: every one) as `_expected_tokens` weighs them."""
-        keep = torch.tensor([min(kept, reach(p, tier)) for p in policies])  # [bs]
-        emitted = torch.arange(tier + 1) <= keep[:, None]  # [bs, tier + 1]
-        return float(emitted.sum() if going is None else (going[:, : tier + 1] * emitted).sum())
 
     def _probe_due(self, policies, rows_of, best: int = 0, catch_up: float = 0.0) -> Optional[int]:
         """A probe, in place of a round that drafts nothing (tier 0, or a head round: `best`) for
@@ -769,6 +762,14 @@ class AdaptiveDraftLength(DraftLengthPolicy):
         elif self._zero_streak:  # a round after tier 0 (a probe, or a new batch's) that did not: probes space out
             self._backoff = min(2 * self._backoff, PROBE_BACKOFF_MAX)
         self._zero_streak = 0
+
+
+def _emitted(alive: torch.Tensor, policies, k: int, going: Optional[torch.Tensor]) -> float:
+    """Tokens a batch emits in a round of k draft tokens a request: alive [bs, k + 1], the chance
+    that each of a request's round tokens (its bonus first) is emitted if reached, within what it
+    can keep (`reach`), each weighed by `going` [bs, >= k + 1] (None: every one)."""
+    reached = torch.arange(k + 1) <= torch.tensor([reach(p, k) for p in policies])[:, None]  # [bs, k + 1]
+    return float((alive * reached * (1.0 if going is None else going[:, : k + 1])).sum())
 
 
 def running_steps(going: Optional[torch.Tensor], steps: int) -> int:
