@@ -52,6 +52,12 @@ PRIOR_KEEP = 0.5  # the pooled keep rate of the first draft position before any 
 PROBE_OVERHEAD = 0.02
 PROBE_AFTER = 8  # decode steps between probes while their costs are not known
 PROBE_BACKOFF_MAX = 32  # probes that keep finding nothing space out up to this factor
+# Requests the pooled curve must have heard from (each request's first drafting round) before it
+# alone keeps a new request from drafting, on a server that measures its costs online: one
+# request's text is no population. SGLang's warm-up request ("The capital city of France is", 8
+# tokens), of which the synthetic draft keeps 1, 0 and 0 in the start-up's exploration, had kept a
+# server of batch-1 requests at tier 0 for all its first 7 requests (0.94x target-only; L = 32 1.78x).
+POOL_HEARD = 4
 HEAD = -1  # the tier of a head round (`eagle3_head`): the head's k drafts, a chain-only verify
 ENDED_KEPT = 128  # finished requests whose output lengths say where outputs end
 ENDED_PRIOR = 2.0  # requests' worth of an output that never ends, beside them
@@ -480,6 +486,7 @@ class AdaptiveDraftLength(DraftLengthPolicy):
         self._backoff = 1  # probes out of tier 0 space out by this factor while they do not pay
         self._head_backoff = 1  # ... and the head's probes out of tier 0
         self._kept = None  # (tier, draft tokens a request kept) of the last round, if it drafted and paid
+        self._heard = 0  # requests whose drafting rounds the pooled curve has heard from
         self._break_even = None  # tokens per request this round must emit to beat tier 0 in its time
         self._typical = Acceptance()  # no rounds of its own: the pooled curve's expectations
         self._clock = {}  # this round's host times at its crossings (its measured costs)
@@ -611,7 +618,12 @@ class AdaptiveDraftLength(DraftLengthPolicy):
             if cost and _emitted(alive, policies, tier, going) / (cost + catch_up) > rates[0]:
                 return tier
         if best <= 0:  # a probe replaces a round that drafts nothing; it first catches up over what the draft missed
-            probe = self._probe_due(policies, rows_of, best, catch_up)
+            new = (
+                not self.costs.fixed
+                and self._heard < POOL_HEARD
+                and any(not self.acceptance(r).survival.reached for r in reqs)
+            )
+            probe = self._probe_due(policies, rows_of, best, catch_up, new)
             if probe is not None:
                 return probe
         # A tier priced from other cells that comes close to the best: measure it here. Not a drafting
@@ -624,9 +636,12 @@ class AdaptiveDraftLength(DraftLengthPolicy):
         ]
         return max(close, key=lambda t: (rates[t], -t)) if close and not self.costs.fixed else best
 
-    def _probe_due(self, policies, rows_of, best: int = 0, catch_up: float = 0.0) -> Optional[int]:
+    def _probe_due(self, policies, rows_of, best: int = 0, catch_up: float = 0.0, new: bool = False) -> Optional[int]:
         """A probe, in place of a round that drafts nothing (tier 0, or a head round: `best`) for
         the batch of `policies`: the shortest drafting tier
+        - at once where `new`: the batch has a request that has not drafted, and the pooled curve
+          that keeps it from drafting has heard from fewer than POOL_HEARD requests (with costs
+          measured online: the start-up's exploration goes on to the first requests' acceptance);
         - once such rounds have run long enough that the loss of one round of it (its cost in
           decode steps less the tokens per request it emits if it keeps what the pooled curve
           expects, plus its `catch_up`: seconds over the tokens the draft missed) is at most
@@ -665,7 +680,7 @@ class AdaptiveDraftLength(DraftLengthPolicy):
             else:
                 behind = 0.0 if tier == HEAD else catch_up / zero  # the catch-up in decode steps
                 steps = math.ceil(max(break_even - 1 - keeps + behind, 0) / PROBE_OVERHEAD)  # the loss in decode steps
-            due[tier] = streak / (max(steps, 1) * backoff)
+            due[tier] = math.inf if new and tier != HEAD else streak / (max(steps, 1) * backoff)
         tier = max(due, key=due.get, default=None)  # the most overdue: one kind's probes never starve the other's
         return tier if tier is not None and due[tier] >= 1 else None
 
@@ -744,6 +759,7 @@ class AdaptiveDraftLength(DraftLengthPolicy):
         for req, drafted, accepted in zip(reqs, plan.draft_lens.tolist(), result.lengths):
             if drafted:
                 own = curve(req)
+                self._heard += tier != HEAD and not own.survival.reached  # the request's first drafting round
                 pooled.observe(drafted, accepted, own.prior_weight / PRIOR_WEIGHT)  # (its weight before this round)
                 own.observe(drafted, accepted)
                 emitted.append(1 + accepted)

@@ -19,6 +19,7 @@ from parse_sglang.adaptive import (
     EXPLORE_MARGIN,
     EXPLORE_SAMPLES,
     HEAD,
+    POOL_HEARD,
     PROBE_BACKOFF_MAX,
     PROBE_OVERHEAD,
     SAMPLES,
@@ -591,8 +592,13 @@ def test_online_costs_explore_the_shortest_tier_then_tier_zero_then_close_tiers(
         round_()
     assert chosen == [4] * (1 + EXPLORE_SAMPLES) + [0] * (1 + EXPLORE_SAMPLES)  # a warm-up round each
     assert controller.costs.measured_tiers(1) == {0, 4}
-    # another bucket borrows them instead of exploring again: its choice is by cost at once
-    # (exploring, it would run tier 4; by cost, with nothing accepted so far, tier 0 wins)
+    # 8 new requests: the pool has heard from one request, so their first round drafts (see
+    # test_a_pool_that_has_heard_from_few_requests_does_not_keep_a_new_one_from_drafting) ...
+    first = [SimpleNamespace() for _ in range(8)]
+    assert controller.choose(first, policies(8), rows_of) == 4
+    observe(controller, first, 4, [0] * 8)  # its bucket's warm-up round: no sample
+    # ... then another bucket borrows the costs instead of exploring again: its choice is by cost
+    # at once (exploring, it would run tier 4; by cost, with nothing accepted so far, tier 0 wins)
     assert controller.choose([SimpleNamespace() for _ in range(8)], policies(8), rows_of) == 0
     assert controller.costs.measured_tiers(8) == set() and controller.costs.explored()
     # a draft that keeps 6 of each round: tier 8 (extrapolated cost) comes close to the measured 4;
@@ -603,6 +609,39 @@ def test_online_costs_explore_the_shortest_tier_then_tier_zero_then_close_tiers(
     assert 8 in chosen, chosen
     assert controller.costs.measured_tiers(1) >= {0, 4, 8}
     assert chosen[-5:] == [8] * 5, chosen
+
+
+def test_a_pool_that_has_heard_from_few_requests_does_not_keep_a_new_one_from_drafting():
+    """Costs measured online; the start-up explores on one request whose draft keeps nothing (as
+    SGLang's warm-up request, whose text the synthetic draft keeps 1, 0 and 0 of), so the pool
+    says drafts keep nothing and tier 0 wins by cost. Until the pool has heard from POOL_HEARD
+    requests, a new request's first round still drafts, the shortest tier; its own rounds then
+    decide. Controls: a new request with 1 token of budget left (it could not pay kept whole);
+    the request after POOL_HEARD were heard; a loaded table (no exploration) heard from one."""
+    costs = dict(step_s=0.01, verify_s=0.02, row_s=0.0)  # a probe must emit 3.5 tokens to pay
+    controller = AdaptiveDraftLength(TIERS[:2], CostTable())
+
+    def rounds(reqs, keep: int, n: int, budget: int = 32) -> list[int]:
+        tiers = []
+        for _ in range(n):
+            tiers.append(controller.choose(reqs, policies(len(reqs), budget), rows_of))
+            draft_s = costs["step_s"] * (tiers[-1] + 1) if tiers[-1] else 0.0
+            observe(controller, reqs, tiers[-1], [min(keep, tiers[-1])] * len(reqs), draft_s, costs["verify_s"])
+        return tiers
+
+    explored = 1 + EXPLORE_SAMPLES  # a warm-up round, then the counted ones
+    assert rounds([SimpleNamespace()], keep=0, n=2 * explored) == [4] * explored + [0] * explored  # the start-up
+    assert controller._break_even_of(1, 4, rows_of) == pytest.approx(3.5)
+    assert rounds([SimpleNamespace()], keep=0, n=1, budget=1) == [0]  # control: it could not pay
+    for _ in range(POOL_HEARD - 1):
+        assert rounds([SimpleNamespace()], keep=0, n=3) == [4, 0, 0]  # its first round, then its own evidence
+    assert rounds([SimpleNamespace()], keep=0, n=3) == [0, 0, 0]  # control: the pool has heard enough
+    loaded = AdaptiveDraftLength(TIERS[:2], linear_costs(**costs))
+    observe(loaded, [SimpleNamespace()], 4, [0])
+    assert loaded.choose([SimpleNamespace()], policies(1), rows_of) == 0  # control: a loaded table
+    # the first rounds are `new`'s: without it no probe is due this early
+    assert controller._probe_due(policies(1), rows_of) is None
+    assert controller._probe_due(policies(1), rows_of, new=True) == 4
 
 
 def test_tier_zero_is_probed_again_at_a_bounded_cost_with_backoff():
@@ -717,6 +756,7 @@ def test_a_probe_pays_for_its_catch_up_and_where_that_alone_costs_more_than_the_
         controller = AdaptiveDraftLength(TIERS[:2], costs)
         for _ in range(200):
             controller.pooled.observe(4, 0)  # drafts keep nothing
+        controller._heard = 200  # (heard from as many requests)
         if per_token is not None:  # an earlier catch-up over more tokens than any stretch below
             controller._caught_up(bs, 4, costs.draft[bucket(bs), 4] + 20_000 * per_token, 20_000)
         reqs = [SimpleNamespace() for _ in range(bs)]
