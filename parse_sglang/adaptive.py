@@ -56,7 +56,7 @@ PROBE_BACKOFF_MAX = 32  # probes that keep finding nothing space out up to this 
 # alone keeps a new request from drafting, on a server that measures its costs online: one
 # request's text is no population. SGLang's warm-up request ("The capital city of France is", 8
 # tokens), of which the synthetic draft keeps 1, 0 and 0 in the start-up's exploration, had kept a
-# server of batch-1 requests at tier 0 for all its first 7 requests (0.94x target-only; L = 32 1.78x).
+# server of batch-1 requests at tier 0 through a whole benchmark run (0.94x target-only; L = 32 1.78x).
 POOL_HEARD = 4
 HEAD = -1  # the tier of a head round (`eagle3_head`): the head's k drafts, a chain-only verify
 ENDED_KEPT = 128  # finished requests whose output lengths say where outputs end
