@@ -126,6 +126,7 @@ class CostTable:
     head: dict = field(default_factory=dict)  # bucket -> seconds of a head round's draft part (its tier HEAD)
     fixed: bool = False
     _samples: dict = field(default_factory=dict)  # (cells, key) -> [warm-up, the last SAMPLES seconds]
+    _sizes: dict = field(default_factory=dict)  # (cells, key) -> the batch sizes of its counted samples
 
     def observe(self, batch_size: int, tier: int, rows: int, draft_s: Optional[float], rest_s: float) -> None:
         """A round's seconds: its draft part (None: no sample of its tier's cost, though it may be
@@ -143,6 +144,33 @@ class CostTable:
                 continue
             del samples[1 : max(1, len(samples) - SAMPLES)]  # the warm-up marker and the last SAMPLES rounds
             cells[key] = statistics.median(samples[1:])
+            sizes = self._sizes.setdefault((id(cells), key), collections.deque(maxlen=SAMPLES))
+            sizes.append(batch_size)
+
+    def _at(self, cells: dict, key, batch_size: int) -> float:
+        """A measured cell's seconds at `batch_size`: its bucket's cell holds rounds of any size
+        in the bucket, so between the mean size of its samples and that of the same cell in the
+        neighbouring bucket on batch_size's side, the two cells' seconds interpolated (never
+        beyond them); the cell itself where that neighbour has none (a loaded table's cells have
+        no sizes). Per cell alone, a round low in its bucket had cost ~20% less than priced and one
+        high in it ~20% more, unequally per tier (each cell was measured at the sizes its tier ran
+        at): in the synthetic pair's open loop at batch 32 (CPU) L = 8 was priced 25% dearer
+        against L = 32 low in a bucket than it was, and L = 32 ran there."""
+        value, size = cells[key], self._mean_size(cells, key)
+        if size is None or batch_size == size:
+            return value
+        b, rest = (key[0], key[1:]) if isinstance(key, tuple) else (key, ())
+        other = (b // 2 if batch_size < size else 2 * b, *rest)
+        other = other if rest else other[0]
+        other_size = self._mean_size(cells, other) if other in cells else None
+        if other_size is None or (other_size - size) * (batch_size - size) <= 0:
+            return value
+        weight = min((batch_size - size) / (other_size - size), 1.0)
+        return value + weight * (cells[other] - value)
+
+    def _mean_size(self, cells: dict, key) -> Optional[float]:
+        sizes = self._sizes.get((id(cells), key))
+        return statistics.fmean(sizes) if sizes else None
 
     def cost(self, batch_size: int, tier: int, rows: int, steps: int = 1) -> Optional[float]:
         """Seconds of a round at this tier and verify rows (`steps` verify passes: a tier-0
@@ -162,30 +190,38 @@ class CostTable:
         b = bucket(batch_size)
         nearest = sorted({bb for bb, _ in self.draft} | {bb for bb, _ in self.rest} | {b},
                          key=lambda bb: (abs(bb.bit_length() - b.bit_length()), bb))  # fmt: skip
+        own = batch_size  # the batch's own bucket prices at its size (`_at`)
         if tier == HEAD:
             for bb in sorted(self.head, key=lambda bb: (abs(bb.bit_length() - b.bit_length()), bb)):
-                rest = _interpolate(self._rest_points(bb), rows)
+                rest = _interpolate(self._rest_points(bb, size=own if bb == b else None), rows)
                 if rest is not None:
-                    return (self.head[bb] + rest) * _scaled_down(b, bb)
+                    head = self._at(self.head, bb, own) if bb == b else self.head[bb]
+                    return (head + rest) * _scaled_down(b, bb)
             tier = 0
         if tier == 0:
             ran = next((bb for bb in nearest if (bb, 0) in self.draft and (bb, rows) in self.rest), None)
+            if ran == b:
+                return self._at(self.draft, (b, 0), own) + steps * self._at(self.rest, (b, rows), own)
             if ran is not None:
                 return (self.draft[ran, 0] + steps * self.rest[ran, rows]) * _scaled_down(b, ran)
         for decode in (False, True):  # tier-0 cells only where no bucket holds two drafting ones (exploring)
-            draft = _estimate(lambda bb: self._draft_points(bb, decode), tier + 1, nearest)
-            rest = _estimate(lambda bb: self._rest_points(bb, decode), rows, nearest)
+            draft = _estimate(lambda bb: self._draft_points(bb, decode, own if bb == b else None), tier + 1, nearest)
+            rest = _estimate(lambda bb: self._rest_points(bb, decode, own if bb == b else None), rows, nearest)
             if draft is not None and rest is not None:
                 return draft + steps * rest
         return None
 
-    def _draft_points(self, b: int, decode: bool = False) -> dict:
-        """{L + 1: seconds} of the bucket's drafting rounds' draft part (decode: tier 0's too)."""
-        return {L + 1: s for (c, L), s in self.draft.items() if c == b and (L > 0 or decode)}
+    def _draft_points(self, b: int, decode: bool = False, size: Optional[int] = None) -> dict:
+        """{L + 1: seconds} of the bucket's drafting rounds' draft part (decode: tier 0's too),
+        at batch size `size` (`_at`; None: the cells as they are)."""
+        return {L + 1: self._at(self.draft, (c, L), size) if size else s
+                for (c, L), s in self.draft.items() if c == b and (L > 0 or decode)}  # fmt: skip
 
-    def _rest_points(self, b: int, decode: bool = False) -> dict:
-        """{verify rows: seconds} of the bucket's rounds with drafts (decode: a decode step's one row too)."""
-        return {r: s for (c, r), s in self.rest.items() if c == b and (r > 1 or decode)}
+    def _rest_points(self, b: int, decode: bool = False, size: Optional[int] = None) -> dict:
+        """{verify rows: seconds} of the bucket's rounds with drafts (decode: a decode step's one
+        row too), at batch size `size` (`_at`; None: the cells as they are)."""
+        return {r: self._at(self.rest, (c, r), size) if size else s
+                for (c, r), s in self.rest.items() if c == b and (r > 1 or decode)}  # fmt: skip
 
     def measured_tiers(self, batch_size: int) -> set[int]:
         """Tiers whose draft cost in this bucket rests on at least EXPLORE_SAMPLES rounds (all

@@ -133,6 +133,38 @@ def test_cost_table_skips_warm_up_takes_medians_and_interpolates():
     assert table.cost(4, 4, 5) == pytest.approx(1.0)  # 4: nearer 8 than 1 (powers of two), scaled by 4 / 8
 
 
+def test_a_round_is_priced_at_its_own_batch_size_within_its_bucket(tmp_path):
+    """A bucket's cell holds rounds of any size in it: a round is priced between the mean size of
+    the cell's samples and that of the same cell in the neighbouring bucket on its side, the two
+    cells' seconds interpolated, never beyond them. Each cell at its own sizes: in the synthetic
+    pair's open loop at batch 32 (CPU), priced per bucket, L = 8 low in a bucket cost 0.80 of its
+    price and L = 32 1.00, and L = 32 ran there. Controls: at the cell's own size, and where the
+    neighbour on that side has no cell, the cell itself; a loaded table, its cells."""
+    table = CostTable()
+    cells = {  # (batch size, L) -> (draft part, rest) seconds
+        (4, 8): (0.040, 0.010),
+        (8, 8): (0.060, 0.014),
+        (6, 32): (0.120, 0.020),  # bucket 8's L = 32 ran at batch 6
+        (3, 32): (0.090, 0.016),
+    }
+    for (bs, L), (draft_s, rest_s) in cells.items():
+        for _ in range(1 + EXPLORE_SAMPLES):
+            table.observe(bs, L, L + 1, draft_s, rest_s)
+    assert table.cost(8, 8, 9) == pytest.approx(0.074)  # control: the cell's own size
+    # batch 5: 3/4 of the way from bucket 8's size (8) to bucket 4's (4)
+    assert table.cost(5, 8, 9) == pytest.approx(0.074 + 0.75 * (0.050 - 0.074))
+    # L = 32 at batch 5: a third of the way from its cell's size (6) to bucket 4's (3)
+    assert table.cost(5, 32, 33) == pytest.approx(0.140 + (0.106 - 0.140) / 3)
+    assert table.cost(8, 32, 33) == pytest.approx(0.140)  # above its size: no bucket 16 cell, the cell itself
+    assert table.cost(3, 32, 33) == pytest.approx(0.106)
+    assert table.cost(4, 8, 9) == pytest.approx(0.050)
+    # L = 8's rate (9 tokens a round kept whole) against L = 32's (33) at batch 5: a fifth above the per-bucket prices'
+    assert (9 / table.cost(5, 8, 9)) / (33 / table.cost(5, 32, 33)) > (9 / 0.074) / (33 / 0.140) * 1.2
+    (tmp_path / "costs.json").write_text(json.dumps(table.to_json()))
+    loaded = CostTable.load(str(tmp_path / "costs.json"))
+    assert loaded.cost(5, 8, 9) == pytest.approx(0.074)  # control: a loaded table has no sizes
+
+
 def test_a_smaller_bucket_prices_a_larger_ones_drafting_rounds_in_proportion():
     """A bucket that has run only tier 0 prices a drafting tier from a larger bucket scaled down in
     proportion to the batch (low: tried, and so measured), from a smaller one unscaled. The real
