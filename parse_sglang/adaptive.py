@@ -152,10 +152,10 @@ class CostTable:
         in the bucket, so between the mean size of its samples and that of the same cell in the
         neighbouring bucket on batch_size's side, the two cells' seconds interpolated (never
         beyond them); the cell itself where that neighbour has none (a loaded table's cells have
-        no sizes). Per cell alone, a round low in its bucket had cost ~20% less than priced and one
-        high in it ~20% more, unequally per tier (each cell was measured at the sizes its tier ran
-        at): in the synthetic pair's open loop at batch 32 (CPU) L = 8 was priced 25% dearer
-        against L = 32 low in a bucket than it was, and L = 32 ran there."""
+        no sizes). Priced by its bucket's cell, a round low in its bucket had cost ~20% less than
+        priced and one high in it ~20% more, unequally per tier (each cell was measured at the
+        sizes its tier ran at): in the synthetic pair's open loop at batch 32 (CPU) L = 8 was
+        priced 25% dearer against L = 32 low in a bucket than it was, and L = 32 ran there."""
         value, size = cells[key], self._mean_size(cells, key)
         if size is None or batch_size == size:
             return value
@@ -190,23 +190,24 @@ class CostTable:
         b = bucket(batch_size)
         nearest = sorted({bb for bb, _ in self.draft} | {bb for bb, _ in self.rest} | {b},
                          key=lambda bb: (abs(bb.bit_length() - b.bit_length()), bb))  # fmt: skip
-        own = batch_size  # the batch's own bucket prices at its size (`_at`)
         if tier == HEAD:
             for bb in sorted(self.head, key=lambda bb: (abs(bb.bit_length() - b.bit_length()), bb)):
-                rest = _interpolate(self._rest_points(bb, size=own if bb == b else None), rows)
+                rest = _interpolate(self._rest_points(bb, size=batch_size if bb == b else None), rows)
                 if rest is not None:
-                    head = self._at(self.head, bb, own) if bb == b else self.head[bb]
+                    head = self._at(self.head, bb, batch_size) if bb == b else self.head[bb]
                     return (head + rest) * _scaled_down(b, bb)
             tier = 0
         if tier == 0:
             ran = next((bb for bb in nearest if (bb, 0) in self.draft and (bb, rows) in self.rest), None)
             if ran == b:
-                return self._at(self.draft, (b, 0), own) + steps * self._at(self.rest, (b, rows), own)
+                return self._at(self.draft, (b, 0), batch_size) + steps * self._at(self.rest, (b, rows), batch_size)
             if ran is not None:
                 return (self.draft[ran, 0] + steps * self.rest[ran, rows]) * _scaled_down(b, ran)
         for decode in (False, True):  # tier-0 cells only where no bucket holds two drafting ones (exploring)
-            draft = _estimate(lambda bb: self._draft_points(bb, decode, own if bb == b else None), tier + 1, nearest)
-            rest = _estimate(lambda bb: self._rest_points(bb, decode, own if bb == b else None), rows, nearest)
+            draft = _estimate(
+                lambda bb: self._draft_points(bb, decode, batch_size if bb == b else None), tier + 1, nearest
+            )
+            rest = _estimate(lambda bb: self._rest_points(bb, decode, batch_size if bb == b else None), rows, nearest)
             if draft is not None and rest is not None:
                 return draft + steps * rest
         return None
