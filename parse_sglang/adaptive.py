@@ -186,7 +186,8 @@ class CostTable:
         Conversely, drafting rounds are never priced from tier-0 cells (L = 0, one row): a line
         from a decode step's 0.6 ms through L = 4's 7.3 ms priced L = 32 at batch 1 at 76 ms where
         it costs 40 (the synthetic pair on CPU), and its batch of 1 ran tier 0. A bucket with one
-        drafting cell takes the nearest fuller bucket's curve, scaled to that cell (`_estimate`)."""
+        drafting cell takes the nearest fuller bucket's curve, scaled to that cell (`_estimate`).
+        The batch's own bucket's cells are read at its size (`_at`)."""
         b = bucket(batch_size)
         nearest = sorted({bb for bb, _ in self.draft} | {bb for bb, _ in self.rest} | {b},
                          key=lambda bb: (abs(bb.bit_length() - b.bit_length()), bb))  # fmt: skip
