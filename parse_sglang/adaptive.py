@@ -163,10 +163,10 @@ class CostTable:
         other = (b // 2 if batch_size < size else 2 * b, *rest)
         other = other if rest else other[0]
         other_size = self._mean_size(cells, other) if other in cells else None
-        if other_size is None or (other_size - size) * (batch_size - size) <= 0:
+        if other_size is None:
             return value
-        weight = min((batch_size - size) / (other_size - size), 1.0)
-        return value + weight * (cells[other] - value)
+        # the neighbour's sizes lie beyond the bucket's, batch_size within it: a weight in (0, 1]
+        return value + (batch_size - size) / (other_size - size) * (cells[other] - value)
 
     def _mean_size(self, cells: dict, key) -> Optional[float]:
         sizes = self._sizes.get((id(cells), key))
@@ -656,10 +656,11 @@ class AdaptiveDraftLength(DraftLengthPolicy):
             if cost and _emitted(alive, policies, tier, going) / (cost + catch_up) > rates[0]:
                 return tier
         if best <= 0:  # a probe replaces a round that drafts nothing; it first catches up over what the draft missed
-            new = (
+            first = next((t for t in self.tiers if t > 0), 0)
+            new = (  # one that can draft in it: each such round hears from one at least, so at most POOL_HEARD come
                 not self.costs.fixed
                 and self._heard < POOL_HEARD
-                and any(not self.acceptance(r).survival.reached for r in reqs)
+                and any(not self.acceptance(r).survival.reached and reach(p, first) for r, p in zip(reqs, policies))
             )
             probe = self._probe_due(policies, rows_of, best, catch_up, new)
             if probe is not None:
@@ -677,7 +678,7 @@ class AdaptiveDraftLength(DraftLengthPolicy):
     def _probe_due(self, policies, rows_of, best: int = 0, catch_up: float = 0.0, new: bool = False) -> Optional[int]:
         """A probe, in place of a round that drafts nothing (tier 0, or a head round: `best`) for
         the batch of `policies`: the shortest drafting tier
-        - at once where `new`: the batch has a request that has not drafted, and the pooled curve
+        - at once where `new`: the batch has a request that has not drafted and can, and the pooled curve
           that keeps it from drafting has heard from fewer than POOL_HEARD requests (with costs
           measured online: the start-up's exploration goes on to the first requests' acceptance);
         - once such rounds have run long enough that the loss of one round of it (its cost in

@@ -662,9 +662,15 @@ def test_a_pool_that_has_heard_from_few_requests_does_not_keep_a_new_one_from_dr
         return tiers
 
     explored = 1 + EXPLORE_SAMPLES  # a warm-up round, then the counted ones
-    assert rounds([SimpleNamespace()], keep=0, n=2 * explored) == [4] * explored + [0] * explored  # the start-up
+    explorer = SimpleNamespace()
+    assert rounds([explorer], keep=0, n=2 * explored) == [4] * explored + [0] * explored  # the start-up
     assert controller._break_even_of(1, 4, rows_of) == pytest.approx(3.5)
     assert rounds([SimpleNamespace()], keep=0, n=1, budget=1) == [0]  # control: it could not pay
+    # control: a new request that cannot draft (no budget left), in a batch that could pay: it would never
+    # be heard from, so a first round for it would come every round
+    batch = policies(4)
+    batch[3].budget = 0
+    assert controller.choose([explorer] * 3 + [SimpleNamespace()], batch, rows_of) == 0
     for _ in range(POOL_HEARD - 1):
         assert rounds([SimpleNamespace()], keep=0, n=3) == [4, 0, 0]  # its first round, then its own evidence
     assert rounds([SimpleNamespace()], keep=0, n=3) == [0, 0, 0]  # control: the pool has heard enough
