@@ -58,6 +58,11 @@ PROBE_BACKOFF_MAX = 32  # probes that keep finding nothing space out up to this 
 # tokens), of which the synthetic draft keeps 1, 0 and 0 in the start-up's exploration, had kept a
 # server of batch-1 requests at tier 0 through a whole benchmark run (0.94x target-only; L = 32 1.78x).
 POOL_HEARD = 4
+# A round that starts this long after the last one ended (the server idled, or ran a long prefill)
+# is no cost sample. On the synthetic pair (CPU, batch 32), the first tier-0 round after an idle
+# server took 81-140 ms (median 114 of 8) where such a round takes 83 ms; with such rounds in its
+# cell, tier 0 was priced at 147 ms, and the batch ran L = 32 instead (828 ms for 403 tokens).
+IDLE_S = 1.0
 HEAD = -1  # the tier of a head round (`eagle3_head`): the head's k drafts, a chain-only verify
 ENDED_KEPT = 128  # finished requests whose output lengths say where outputs end
 ENDED_PRIOR = 2.0  # requests' worth of an output that never ends, beside them
@@ -128,9 +133,9 @@ class CostTable:
     _samples: dict = field(default_factory=dict)  # (cells, key) -> [warm-up, the last SAMPLES seconds]
     _sizes: dict = field(default_factory=dict)  # (cells, key) -> the batch sizes of its counted samples
 
-    def observe(self, batch_size: int, tier: int, rows: int, draft_s: Optional[float], rest_s: float) -> None:
-        """A round's seconds: its draft part (None: no sample of its tier's cost, though it may be
-        the tier's uncounted warm-up round) and the rest."""
+    def observe(self, batch_size: int, tier: int, rows: int, draft_s: Optional[float], rest_s: Optional[float]) -> None:
+        """A round's seconds: its draft part and the rest (None: no sample of that cell, though
+        it may be the cell's uncounted warm-up round)."""
         if self.fixed:
             return
         b = bucket(batch_size)
@@ -528,6 +533,7 @@ class AdaptiveDraftLength(DraftLengthPolicy):
         self._break_even = None  # tokens per request this round must emit to beat tier 0 in its time
         self._typical = Acceptance()  # no rounds of its own: the pooled curve's expectations
         self._clock = {}  # this round's host times at its crossings (its measured costs)
+        self._last_end = None  # when the last round ended (a round after an idle gap is no cost sample)
         self._tier = 0  # this round's drafted tier (what its draft part cost)
         self._zero_steps = 1  # the decode steps of this round were it tier 0 (`running_steps`)
         self.calibration = Calibration()  # P(kept | the draft's confidence), every request's rounds
@@ -567,7 +573,8 @@ class AdaptiveDraftLength(DraftLengthPolicy):
         """The tier of this round (HEAD: a head round): reqs and their `RequestPolicy`s;
         rows_of(tier) -> the verify rows of the batch at a drafting tier; steps: the decode steps
         a tier-0 round of it would run."""
-        self._clock = {"start": time.perf_counter()}
+        start = time.perf_counter()
+        self._clock = {"start": start, "cold": self._last_end is not None and start - self._last_end > IDLE_S}
         self._policies = policies
         going = self.ends.going([p.output_len for p in policies], max(self.tiers[-1], self.head_steps or 0, steps))
         self._zero_steps = running_steps(going, steps)
@@ -768,26 +775,29 @@ class AdaptiveDraftLength(DraftLengthPolicy):
         self._clock.setdefault("caught_up", caught_up)
 
     def after_round(self, reqs, window, result, steps: int) -> None:
-        """`observe` with the round's times from the controller's clock (the result is on the host)."""
+        """`observe` with the round's times from the controller's clock (the result is on the host);
+        a round after an idle gap (`IDLE_S`) is no sample of any cost."""
         self.ends.observe_round(self._policies, result)
         start, drafts, caught_up = self._clock["start"], self._clock["drafts"], self._clock["caught_up"]
-        if caught_up:
+        cold, end = self._clock["cold"], time.perf_counter()
+        if caught_up and not cold:
             self._caught_up(len(reqs), self._tier, drafts - start, caught_up)
-        draft_s = None if caught_up else drafts - start
-        self.observe(reqs, self._tier, window.shape.rows, window.plan, result, draft_s, time.perf_counter() - drafts,
-                     steps)  # fmt: skip
+        draft_s = None if caught_up or cold else drafts - start
+        rest_s = None if cold else end - drafts
+        self.observe(reqs, self._tier, window.shape.rows, window.plan, result, draft_s, rest_s, steps)
+        self._last_end = time.perf_counter()
 
     def server_state(self) -> dict:
         stopped = sum(stop for _, stop in self.ends.finished)
         return {"cost_table": self.costs.to_json(),
                 "output_ends": {"stopped": stopped, "cut": len(self.ends.finished) - stopped}}  # fmt: skip
 
-    def observe(self, reqs, tier: int, rows: int, plan, result, draft_s: Optional[float], rest_s: float,
+    def observe(self, reqs, tier: int, rows: int, plan, result, draft_s: Optional[float], rest_s: Optional[float],
                 steps: int = 1) -> None:  # fmt: skip
         """After a round (of `steps` verify passes: a tier-0 round's decode steps; HEAD: a head
-        round): its costs (draft_s None: its draft part is no cost of its tier), the rest per pass,
-        and each request's acceptance (host plan and result)."""
-        self.costs.observe(len(reqs), tier, rows, draft_s, rest_s / steps)
+        round): its costs (draft_s None: its draft part is no cost of its tier; rest_s None: its
+        rest no cost either), the rest per pass, and each request's acceptance (host plan and result)."""
+        self.costs.observe(len(reqs), tier, rows, draft_s, None if rest_s is None else rest_s / steps)
         self._kept = None
         if tier == 0:
             self._zero_streak += steps

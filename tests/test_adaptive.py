@@ -19,6 +19,7 @@ from parse_sglang.adaptive import (
     EXPLORE_MARGIN,
     EXPLORE_SAMPLES,
     HEAD,
+    IDLE_S,
     POOL_HEARD,
     PROBE_BACKOFF_MAX,
     PROBE_OVERHEAD,
@@ -103,6 +104,20 @@ def test_draft_length_policies_fixed_and_adaptive():
 
 def test_bucket_is_next_power_of_two():
     assert [bucket(b) for b in (1, 2, 3, 4, 5, 8, 9, 32, 33)] == [1, 2, 4, 4, 8, 8, 16, 32, 64]
+
+
+def timed_round(controller, req, draft_s: float, caught_up: int = 0, idle_s: float = 0.0) -> None:
+    """One round of `req` at L = 4 through the controller's own clock (choose, drafts on the host,
+    after_round): its draft part took draft_s, it caught up over `caught_up` tokens, and the
+    server had idled idle_s seconds before it."""
+    if controller._last_end is not None:
+        controller._last_end -= idle_s
+    assert controller.choose([req], policies(1), rows_of, steps=4) == 4
+    controller._clock["start"] -= draft_s
+    controller.drafts_on_host(caught_up=caught_up)
+    window = SimpleNamespace(shape=SimpleNamespace(rows=5), plan=SimpleNamespace(
+        draft_lens=torch.tensor([4]), confidence=torch.ones(1, 4), judged=torch.tensor([False])))  # fmt: skip
+    controller.after_round([req], window, SimpleNamespace(lengths=[4], emitted=[[7] * 5]), steps=1)
 
 
 def test_cost_table_skips_warm_up_takes_medians_and_interpolates():
@@ -214,18 +229,34 @@ def test_a_round_that_caught_up_is_no_sample_of_its_tier(cpu_runtime, monkeypatc
         req = SimpleNamespace()
         # a caught-up round as the uncounted warm-up, two counted, then two more caught up
         for draft_s, caught_up in ((0.5, True), (0.02, False), (0.02, False), (0.08, True), (0.08, True)):
-            assert controller.choose([req], policies(1), rows_of, steps=4) == 4
-            controller._clock["start"] -= draft_s  # the round's draft part took draft_s
-            controller.drafts_on_host(caught_up=0 if priced or not caught_up else 3)
-            window = SimpleNamespace(shape=SimpleNamespace(rows=5), plan=SimpleNamespace(
-                draft_lens=torch.tensor([4]), confidence=torch.ones(1, 4), judged=torch.tensor([False])))  # fmt: skip
-            controller.after_round([req], window, SimpleNamespace(lengths=[4], emitted=[[7] * 5]), steps=1)
+            timed_round(controller, req, draft_s, caught_up=0 if priced or not caught_up else 3)
         assert controller.costs.draft[1, 4] == pytest.approx(median, rel=0.2) and controller.costs.measured_tiers(1)
         assert len(controller.costs._samples[id(controller.costs.rest), (1, 5)]) == 5  # every round's rest counts
         # a catch-up: the median of the caught-up rounds' draft parts less the tier's (0.48, 0.06 twice,
         # each over 3 tokens), at least that over more tokens, in proportion over fewer
         assert controller._catch_up_seconds(10) == (0.0 if priced else pytest.approx(0.06, rel=0.2))
         assert controller._catch_up_seconds(2) == (0.0 if priced else pytest.approx(0.06 * 2 / 3, rel=0.2))
+
+
+def test_a_round_after_the_server_idled_is_no_cost_sample():
+    """The first round after a gap of more than IDLE_S (an idle server, a long prefill) is no
+    sample of its draft part, its rest or a catch-up: it paid what waking up costs (1.37x its
+    steady cost at batch 32, synthetic pair, CPU). The warm-up round and the rounds after it count.
+    Control: the same slow round without the gap counts."""
+    for idle in (False, True):
+        controller, req = AdaptiveDraftLength([4], CostTable()), SimpleNamespace()
+        for _ in range(3):  # the warm-up, then two counted rounds
+            timed_round(controller, req, 0.02)
+        draft = controller.costs._samples[id(controller.costs.draft), (1, 4)]  # [warm-up, counted seconds]
+        rest = controller.costs._samples[id(controller.costs.rest), (1, 5)]
+        assert len(draft) == len(rest) == 3
+        timed_round(controller, req, 0.5, idle_s=2 * IDLE_S if idle else 0.0)  # a slow round
+        timed_round(controller, req, 0.5, caught_up=7, idle_s=2 * IDLE_S if idle else 0.0)  # one that caught up
+        assert (len(draft), len(rest)) == ((3, 3) if idle else (4, 5))
+        assert max(draft[1:]) == pytest.approx(0.02 if idle else 0.5, rel=0.2)
+        assert controller._catch_up_seconds(7) == (0.0 if idle else pytest.approx(0.48, rel=0.2))
+        timed_round(controller, req, 0.02)  # the round after: counted again
+        assert (len(draft), len(rest)) == ((4, 4) if idle else (5, 6))
 
 
 def test_a_catch_up_is_priced_from_the_catch_ups_nearest_in_size_never_per_token_from_a_smaller_one():
