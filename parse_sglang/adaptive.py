@@ -59,9 +59,11 @@ PROBE_BACKOFF_MAX = 32  # probes that keep finding nothing space out up to this 
 # server of batch-1 requests at tier 0 through a whole benchmark run (0.94x target-only; L = 32 1.78x).
 POOL_HEARD = 4
 # A round that starts this long after the last one ended (the server idled, or ran a long prefill)
-# is no cost sample. On the synthetic pair (CPU, batch 32), the first tier-0 round after an idle
-# server took 81-140 ms (median 114 of 8) where such a round takes 83 ms; with such rounds in its
-# cell, tier 0 was priced at 147 ms, and the batch ran L = 32 instead (828 ms for 403 tokens).
+# is no sample of its tier's cost. On the synthetic pair (CPU, batch 32), the first tier-0 round
+# after an idle server took 81-140 ms (median 114 of 8) where such a round takes 83 ms; with such
+# rounds in its cell, tier 0 was priced at 147 ms, and the batch ran L = 32 instead (828 ms for 403
+# tokens). A catch-up it held still prices catch-ups: a batch's first round after its prompts'
+# long prefill is where the draft first catches up over them.
 IDLE_S = 1.0
 HEAD = -1  # the tier of a head round (`eagle3_head`): the head's k drafts, a chain-only verify
 ENDED_KEPT = 128  # finished requests whose output lengths say where outputs end
@@ -776,11 +778,11 @@ class AdaptiveDraftLength(DraftLengthPolicy):
 
     def after_round(self, reqs, window, result, steps: int) -> None:
         """`observe` with the round's times from the controller's clock (the result is on the host);
-        a round after an idle gap (`IDLE_S`) is no sample of any cost."""
+        a round after an idle gap (`IDLE_S`) is no sample of its tier's draft part or its rest."""
         self.ends.observe_round(self._policies, result)
         start, drafts, caught_up = self._clock["start"], self._clock["drafts"], self._clock["caught_up"]
         cold, end = self._clock["cold"], time.perf_counter()
-        if caught_up and not cold:
+        if caught_up:
             self._caught_up(len(reqs), self._tier, drafts - start, caught_up)
         draft_s = None if caught_up or cold else drafts - start
         rest_s = None if cold else end - drafts
