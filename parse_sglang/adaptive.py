@@ -45,6 +45,15 @@ PRIOR_WEIGHT_MIN = 0.05  # ... and what it keeps however long the request runs
 SAMPLES = 5  # a cost cell is the median of its last SAMPLES rounds (robust to a busy machine's spikes)
 EXPLORE_SAMPLES = 2  # rounds that make a tier's cost in a bucket measured (after its warm-up)
 EXPLORE_MARGIN = 0.95  # a tier priced from other cells is measured where it is this close to the best
+# A measured cell not sampled for STALE_ROUNDS rounds of the server is stale: its tier is measured
+# again where its rate is at least RECHECK_MARGIN of the best, and that round's sample replaces the
+# old ones. Otherwise a tier priced too high is never run, so never priced right: in the synthetic
+# pair's open loop at batch 8 (CPU), L = 8 at batch 4 kept its price from two rounds of the
+# server's first minute (63 and 68 ms) where its rounds take 47-51 ms, and the batch ran L = 32
+# there (136-144 ms priced, 167-185 measured) in place of L = 8, 0.83x fixed L = 8 over the run.
+# A re-check loses at most 1 - RECHECK_MARGIN of a round, at most once per STALE_ROUNDS rounds a cell.
+STALE_ROUNDS = 32
+RECHECK_MARGIN = 0.75
 PRIOR_KEEP = 0.5  # the pooled keep rate of the first draft position before any round
 # What probes out of tier 0 may cost, as a share of the decode steps between them. A server whose
 # draft never pays runs at most this far below the target alone for good (plus its start-up's
@@ -134,25 +143,40 @@ class CostTable:
     fixed: bool = False
     _samples: dict = field(default_factory=dict)  # (cells, key) -> [warm-up, the last SAMPLES seconds]
     _sizes: dict = field(default_factory=dict)  # (cells, key) -> the batch sizes of its counted samples
+    _measured: set = field(default_factory=set)  # (cells, key) that have had EXPLORE_SAMPLES counted samples
+    _sampled: dict = field(default_factory=dict)  # (cells, key) -> the round of its last counted sample
+    _rounds: int = 0  # rounds observed
 
     def observe(self, batch_size: int, tier: int, rows: int, draft_s: Optional[float], rest_s: Optional[float]) -> None:
         """A round's seconds: its draft part and the rest (None: no sample of that cell, though
         it may be the cell's uncounted warm-up round)."""
         if self.fixed:
             return
+        self._rounds += 1
         b = bucket(batch_size)
         drafted = (self.head, b) if tier == HEAD else (self.draft, (b, tier))
         for cells, key, value in ((*drafted, draft_s), (self.rest, (b, rows), rest_s)):
-            samples = self._samples.setdefault((id(cells), key), [])
+            cell = (id(cells), key)
+            samples = self._samples.setdefault(cell, [])
             if value is None and samples:  # no sample of the tier's cost, unless as its warm-up round
                 continue
+            sizes = self._sizes.setdefault(cell, collections.deque(maxlen=SAMPLES))
+            if self._stale(cell):  # its samples are no measure of the cell any more: this one replaces them
+                del samples[1:]
+                sizes.clear()
             samples.append(value)
             if len(samples) == 1:  # the warm-up round: not counted
                 continue
             del samples[1 : max(1, len(samples) - SAMPLES)]  # the warm-up marker and the last SAMPLES rounds
             cells[key] = statistics.median(samples[1:])
-            sizes = self._sizes.setdefault((id(cells), key), collections.deque(maxlen=SAMPLES))
             sizes.append(batch_size)
+            self._sampled[cell] = self._rounds
+            if len(samples) > EXPLORE_SAMPLES:
+                self._measured.add(cell)
+
+    def _stale(self, cell) -> bool:
+        """The cell's last counted sample is more than STALE_ROUNDS rounds old."""
+        return cell in self._sampled and self._rounds - self._sampled[cell] > STALE_ROUNDS
 
     def _at(self, cells: dict, key, batch_size: int) -> float:
         """A measured cell's seconds at `batch_size`: its bucket's cell holds rounds of any size
@@ -233,16 +257,20 @@ class CostTable:
                 for (c, r), s in self.rest.items() if c == b and (r > 1 or decode)}  # fmt: skip
 
     def measured_tiers(self, batch_size: int) -> set[int]:
-        """Tiers whose draft cost in this bucket rests on at least EXPLORE_SAMPLES rounds (all
-        of a loaded table's), HEAD among them."""
+        """Tiers whose draft cost in this bucket has rested on at least EXPLORE_SAMPLES rounds
+        (all of a loaded table's), HEAD among them."""
+        return {tier for cell, tier in self._draft_cells(batch_size) if self.fixed or cell in self._measured}
+
+    def stale_tiers(self, batch_size: int) -> set[int]:
+        """Measured tiers whose draft cost in this bucket is stale (`STALE_ROUNDS`; never a loaded table's)."""
+        measured = self.measured_tiers(batch_size)
+        return {tier for cell, tier in self._draft_cells(batch_size) if tier in measured and self._stale(cell)}
+
+    def _draft_cells(self, batch_size: int) -> list:
+        """[((cells, key), tier)] of the bucket's draft cells, the head's among them."""
         b = bucket(batch_size)
-        cells = [(self.draft, (bb, L), L) for (bb, L) in self.draft if bb == b]
-        cells += [(self.head, b, HEAD)] if b in self.head else []
-        return {
-            tier
-            for table, key, tier in cells
-            if self.fixed or len(self._samples.get((id(table), key), ())) > EXPLORE_SAMPLES
-        }
+        cells = [((id(self.draft), (bb, L)), L) for (bb, L) in self.draft if bb == b]
+        return cells + ([((id(self.head), b), HEAD)] if b in self.head else [])
 
     def explored(self) -> bool:
         """Some bucket has two measured tiers (every bucket can then borrow its costs)."""
@@ -681,6 +709,13 @@ class AdaptiveDraftLength(DraftLengthPolicy):
         # is no sign it pays; a probe (above), its loss bounded by PROBE_OVERHEAD, leaves tier 0.
         close = [
             t for t in rates if t not in measured and rates[t] >= EXPLORE_MARGIN * rates[best] and (best > 0 or t <= 0)
+        ]
+        # A measured tier whose price went stale and may have been priced too high: measured again (its
+        # catch-up out of tier 0 priced from catch-ups measured, not at nothing as before any).
+        close += [
+            t
+            for t in self.costs.stale_tiers(bs) & set(rates) - {best}
+            if rates[t] >= RECHECK_MARGIN * rates[best] and (best > 0 or t <= 0 or self._catch_ups)
         ]
         return max(close, key=lambda t: (rates[t], -t)) if close and not self.costs.fixed else best
 

@@ -23,7 +23,9 @@ from parse_sglang.adaptive import (
     POOL_HEARD,
     PROBE_BACKOFF_MAX,
     PROBE_OVERHEAD,
+    RECHECK_MARGIN,
     SAMPLES,
+    STALE_ROUNDS,
     Acceptance,
     AdaptiveDraftLength,
     CostTable,
@@ -673,6 +675,39 @@ def test_online_costs_explore_the_shortest_tier_then_tier_zero_then_close_tiers(
     assert 8 in chosen, chosen
     assert controller.costs.measured_tiers(1) >= {0, 4, 8}
     assert chosen[-5:] == [8] * 5, chosen
+
+
+def test_a_measured_tier_priced_too_high_is_measured_again_once_its_price_is_stale():
+    """A measured tier priced too high (L = 8 at batch 4 from two of the server's first rounds, in
+    the synthetic pair's open loop at batch 8) is never run while another tier looks better, so its
+    price is never corrected. Once its cell has gone STALE_ROUNDS rounds without a sample, it runs
+    again where its rate is within RECHECK_MARGIN of the best, and that round's sample replaces the
+    old ones. Control: a stale tier further below the best is not run."""
+    true_s, l32_s = 0.05, 0.1  # L = 8 emits 9 tokens a request, L = 32 13 (it keeps 12)
+    for overpriced_s, rechecked in ((0.08, True), (0.14, False)):
+        controller, reqs = AdaptiveDraftLength((0, 8, 32), CostTable()), [SimpleNamespace() for _ in range(4)]
+        for tier, seconds in ((0, 0.04), (8, overpriced_s), (32, l32_s)):
+            for _ in range(1 + EXPLORE_SAMPLES):
+                observe(controller, reqs, tier, [min(tier, 12)] * 4, seconds, 0.0)
+        assert controller.costs.measured_tiers(4) == {0, 8, 32}
+        rates = {t: controller._expected_tokens(t, reqs, policies(4), 1, None)
+                 / controller.costs.cost(4, t, rows_of(t)) for t in (8, 32)}  # fmt: skip
+        assert (rates[8] / rates[32] >= RECHECK_MARGIN) == rechecked and rates[8] < rates[32], rates
+        assert rates[8] * overpriced_s / true_s > rates[32]  # priced right, L = 8 wins
+        chosen = []
+        for _ in range(2 * STALE_ROUNDS):
+            chosen.append(controller.choose(reqs, policies(4), rows_of))
+            seconds = true_s if chosen[-1] == 8 else l32_s
+            observe(controller, reqs, chosen[-1], [min(chosen[-1], 12)] * 4, seconds, 0.0)
+        if not rechecked:
+            assert chosen == [32] * 2 * STALE_ROUNDS
+            continue
+        # L = 8 last sampled in round 2 (1 + EXPLORE_SAMPLES) of 3 (1 + EXPLORE_SAMPLES) before the loop:
+        # stale from the loop's round `first` on, where 3 (1 + E) + first - 2 (1 + E) > STALE_ROUNDS
+        first = chosen.index(8)
+        assert chosen[:first] == [32] * first and first == STALE_ROUNDS + 1 - (1 + EXPLORE_SAMPLES), chosen
+        assert controller.costs.draft[4, 8] == pytest.approx(true_s)  # its old samples replaced
+        assert chosen[first + 1] == 8 and chosen[first:].count(8) > 2 * chosen[first:].count(32), chosen  # by its price
 
 
 def test_a_pool_that_has_heard_from_few_requests_does_not_keep_a_new_one_from_drafting():
