@@ -46,12 +46,12 @@ SAMPLES = 5  # a cost cell is the median of its last SAMPLES rounds (robust to a
 EXPLORE_SAMPLES = 2  # rounds that make a tier's cost in a bucket measured (after its warm-up)
 EXPLORE_MARGIN = 0.95  # a tier priced from other cells is measured where it is this close to the best
 # A measured cell not sampled for STALE_ROUNDS rounds of the server is stale: its tier is measured
-# again where its rate is at least RECHECK_MARGIN of the best, and that round's sample replaces the
-# old ones. Otherwise a tier priced too high is never run, so never priced right: in the synthetic
-# pair's open loop at batch 8 (CPU), L = 8 at batch 4 kept its price from two rounds of the
-# server's first minute (63 and 68 ms) where its rounds take 47-51 ms, and the batch ran L = 32
-# there (136-144 ms priced, 167-185 measured) in place of L = 8, 0.83x fixed L = 8 over the run.
-# A re-check loses at most 1 - RECHECK_MARGIN of a round, at most once per STALE_ROUNDS rounds a cell.
+# again where its rate is at least RECHECK_MARGIN of the best and what that round may lose against
+# the best is at most PROBE_OVERHEAD of the rounds' seconds since the cell's last sample; its sample
+# replaces the old ones. Otherwise a tier priced too high is never run, so never priced right: in
+# the synthetic pair's open loop at batch 8 (CPU), L = 8 at batch 4 kept its price from two rounds
+# of the server's first minute (63 and 68 ms) where its rounds take 47-51 ms, and the batch ran
+# L = 32 there (136-144 ms priced, 167-185 measured) in place of L = 8, 0.83x fixed L = 8 over the run.
 STALE_ROUNDS = 32
 RECHECK_MARGIN = 0.75
 PRIOR_KEEP = 0.5  # the pooled keep rate of the first draft position before any round
@@ -144,15 +144,18 @@ class CostTable:
     _samples: dict = field(default_factory=dict)  # (cells, key) -> [warm-up, the last SAMPLES seconds]
     _sizes: dict = field(default_factory=dict)  # (cells, key) -> the batch sizes of its counted samples
     _measured: set = field(default_factory=set)  # (cells, key) that have had EXPLORE_SAMPLES counted samples
-    _sampled: dict = field(default_factory=dict)  # (cells, key) -> the round of its last counted sample
+    _sampled: dict = field(default_factory=dict)  # (cells, key) -> (_rounds, _seconds) at its last counted sample
     _rounds: int = 0  # rounds observed
+    _seconds: float = 0.0  # ... and their seconds
 
-    def observe(self, batch_size: int, tier: int, rows: int, draft_s: Optional[float], rest_s: Optional[float]) -> None:
+    def observe(self, batch_size: int, tier: int, rows: int, draft_s: Optional[float], rest_s: Optional[float],
+                seconds: float = 0.0) -> None:  # fmt: skip
         """A round's seconds: its draft part and the rest (None: no sample of that cell, though
-        it may be the cell's uncounted warm-up round)."""
+        it may be the cell's uncounted warm-up round); `seconds`: the whole round's (the table's clock)."""
         if self.fixed:
             return
         self._rounds += 1
+        self._seconds += seconds
         b = bucket(batch_size)
         drafted = (self.head, b) if tier == HEAD else (self.draft, (b, tier))
         for cells, key, value in ((*drafted, draft_s), (self.rest, (b, rows), rest_s)):
@@ -170,13 +173,13 @@ class CostTable:
             del samples[1 : max(1, len(samples) - SAMPLES)]  # the warm-up marker and the last SAMPLES rounds
             cells[key] = statistics.median(samples[1:])
             sizes.append(batch_size)
-            self._sampled[cell] = self._rounds
+            self._sampled[cell] = (self._rounds, self._seconds)
             if len(samples) > EXPLORE_SAMPLES:
                 self._measured.add(cell)
 
     def _stale(self, cell) -> bool:
         """The cell's last counted sample is more than STALE_ROUNDS rounds old."""
-        return cell in self._sampled and self._rounds - self._sampled[cell] > STALE_ROUNDS
+        return cell in self._sampled and self._rounds - self._sampled[cell][0] > STALE_ROUNDS
 
     def _at(self, cells: dict, key, batch_size: int) -> float:
         """A measured cell's seconds at `batch_size`: its bucket's cell holds rounds of any size
@@ -261,10 +264,12 @@ class CostTable:
         (all of a loaded table's), HEAD among them."""
         return {tier for cell, tier in self._draft_cells(batch_size) if self.fixed or cell in self._measured}
 
-    def stale_tiers(self, batch_size: int) -> set[int]:
-        """Measured tiers whose draft cost in this bucket is stale (`STALE_ROUNDS`; never a loaded table's)."""
+    def stale_tiers(self, batch_size: int) -> dict[int, float]:
+        """{tier: seconds of the rounds since its last sample} of the measured tiers whose draft cost in
+        this bucket is stale (`STALE_ROUNDS`; never a loaded table's)."""
         measured = self.measured_tiers(batch_size)
-        return {tier for cell, tier in self._draft_cells(batch_size) if tier in measured and self._stale(cell)}
+        return {tier: self._seconds - self._sampled[cell][1]
+                for cell, tier in self._draft_cells(batch_size) if tier in measured and self._stale(cell)}  # fmt: skip
 
     def _draft_cells(self, batch_size: int) -> list:
         """[((cells, key), tier)] of the bucket's draft cells, the head's among them."""
@@ -674,12 +679,12 @@ class AdaptiveDraftLength(DraftLengthPolicy):
         # measured and a drifting machine priced tier 0 up past it, behind 7,680 tokens (35 s for
         # the round's ~470 tokens). Leaving tier 0 over a long stretch is a probe's (its loss bounded).
         catch_up = self._catch_up_seconds(sum(state_of(req).draft_behind for req in reqs))
-        rates = {}
+        rates, seconds = {}, {}  # tier -> expected tokens per second, and seconds of its round
         for tier in self.tiers + ([HEAD] if self.head_steps else []):
             cost = self.costs.cost(bs, tier, self._rows(tier, rows_of), steps if tier == 0 else 1)
             if cost is not None and cost > 0:
-                cost += catch_up if tier > 0 else 0.0
-                rates[tier] = self._expected_tokens(tier, reqs, policies, steps, going) / cost
+                seconds[tier] = cost + (catch_up if tier > 0 else 0.0)
+                rates[tier] = self._expected_tokens(tier, reqs, policies, steps, going) / seconds[tier]
         best = max(rates, key=lambda t: (rates[t], -t)) if rates else self.tiers[0]  # ties: the shorter tier
         if best == 0 and self._kept is not None and 0 in rates:
             # The last round drafted and paid: what it kept is this batch's latest evidence. Valued as
@@ -710,13 +715,15 @@ class AdaptiveDraftLength(DraftLengthPolicy):
         close = [
             t for t in rates if t not in measured and rates[t] >= EXPLORE_MARGIN * rates[best] and (best > 0 or t <= 0)
         ]
-        # A measured tier whose price went stale and may have been priced too high: measured again (its
-        # catch-up out of tier 0 priced from catch-ups measured, not at nothing as before any).
+        # A measured tier whose price went stale, and may be too high: measured again where that may lose
+        # little (`STALE_ROUNDS`): its round less the best tier's time for as many tokens. Not a drafting
+        # tier in place of tier 0 (probes leave it, their loss bounded alike).
         close += [
             t
-            for t in self.costs.stale_tiers(bs) & set(rates) - {best}
-            if rates[t] >= RECHECK_MARGIN * rates[best] and (best > 0 or t <= 0 or self._catch_ups)
-        ]
+            for t, since in self.costs.stale_tiers(bs).items()
+            if t in rates and t != best and (best > 0 or t <= 0) and rates[t] >= RECHECK_MARGIN * rates[best]
+            and seconds[t] * (1 - rates[t] / rates[best]) <= PROBE_OVERHEAD * since
+        ]  # fmt: skip
         return max(close, key=lambda t: (rates[t], -t)) if close and not self.costs.fixed else best
 
     def _probe_due(self, policies, rows_of, best: int = 0, catch_up: float = 0.0, new: bool = False) -> Optional[int]:
@@ -834,7 +841,8 @@ class AdaptiveDraftLength(DraftLengthPolicy):
         """After a round (of `steps` verify passes: a tier-0 round's decode steps; HEAD: a head
         round): its costs (draft_s None: its draft part is no cost of its tier; rest_s None: its
         rest no cost either), the rest per pass, and each request's acceptance (host plan and result)."""
-        self.costs.observe(len(reqs), tier, rows, draft_s, None if rest_s is None else rest_s / steps)
+        self.costs.observe(len(reqs), tier, rows, draft_s, None if rest_s is None else rest_s / steps,
+                           (draft_s or 0.0) + (rest_s or 0.0))  # fmt: skip
         self._kept = None
         if tier == 0:
             self._zero_streak += steps

@@ -681,10 +681,12 @@ def test_a_measured_tier_priced_too_high_is_measured_again_once_its_price_is_sta
     """A measured tier priced too high (L = 8 at batch 4 from two of the server's first rounds, in
     the synthetic pair's open loop at batch 8) is never run while another tier looks better, so its
     price is never corrected. Once its cell has gone STALE_ROUNDS rounds without a sample, it runs
-    again where its rate is within RECHECK_MARGIN of the best, and that round's sample replaces the
-    old ones. Control: a stale tier further below the best is not run."""
+    again where its rate is within RECHECK_MARGIN of the best and what its round may lose against
+    the best is at most PROBE_OVERHEAD of the rounds' seconds since its last sample; that round's
+    sample replaces the old ones. Controls: a stale tier further below the best is not run, nor one
+    whose loss the seconds since cannot pay (the rounds since were no cost samples: idle gaps)."""
     true_s, l32_s = 0.05, 0.1  # L = 8 emits 9 tokens a request, L = 32 13 (it keeps 12)
-    for overpriced_s, rechecked in ((0.08, True), (0.14, False)):
+    for overpriced_s, timed, rechecked in ((0.08, True, True), (0.14, True, False), (0.08, False, False)):
         controller, reqs = AdaptiveDraftLength((0, 8, 32), CostTable()), [SimpleNamespace() for _ in range(4)]
         for tier, seconds in ((0, 0.04), (8, overpriced_s), (32, l32_s)):
             for _ in range(1 + EXPLORE_SAMPLES):
@@ -692,13 +694,15 @@ def test_a_measured_tier_priced_too_high_is_measured_again_once_its_price_is_sta
         assert controller.costs.measured_tiers(4) == {0, 8, 32}
         rates = {t: controller._expected_tokens(t, reqs, policies(4), 1, None)
                  / controller.costs.cost(4, t, rows_of(t)) for t in (8, 32)}  # fmt: skip
-        assert (rates[8] / rates[32] >= RECHECK_MARGIN) == rechecked and rates[8] < rates[32], rates
+        assert (rates[8] / rates[32] >= RECHECK_MARGIN) == (overpriced_s < 0.1) and rates[8] < rates[32], rates
         assert rates[8] * overpriced_s / true_s > rates[32]  # priced right, L = 8 wins
         chosen = []
         for _ in range(2 * STALE_ROUNDS):
             chosen.append(controller.choose(reqs, policies(4), rows_of))
             seconds = true_s if chosen[-1] == 8 else l32_s
-            observe(controller, reqs, chosen[-1], [min(chosen[-1], 12)] * 4, seconds, 0.0)
+            observe(
+                controller, reqs, chosen[-1], [min(chosen[-1], 12)] * 4, *((seconds, 0.0) if timed else (None, None))
+            )
         if not rechecked:
             assert chosen == [32] * 2 * STALE_ROUNDS
             continue
