@@ -3,6 +3,7 @@ table, the acceptance estimates, the tier choice, and its settings refused by na
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import re
@@ -14,6 +15,7 @@ import torch
 
 from conftest import load_benchmark
 from parse_sglang.adaptive import (
+    ARRIVAL_ROUNDS,
     ENDED_PRIOR,
     OutputEnds,
     EXPLORE_MARGIN,
@@ -92,7 +94,7 @@ def test_draft_length_policies_fixed_and_adaptive():
     tier = adaptive.choose([req], policies(1, budget=8), rows_of, steps=4)
     assert tier == 8  # nothing measured: the shortest drafting tier first
     adaptive.drafts_on_host()
-    assert getattr(req, "parse", None) is None  # nothing learnt of the request before its round ends
+    assert state_of(req).acceptance is None  # nothing learnt of the request before its round ends
     plan = SimpleNamespace(
         draft_lens=torch.tensor([8]), confidence=torch.full((1, 8), 0.9), judged=torch.tensor([False])
     )
@@ -712,6 +714,27 @@ def test_a_measured_tier_priced_too_high_is_measured_again_once_its_price_is_sta
         assert chosen[:first] == [32] * first and first == STALE_ROUNDS + 1 - (1 + EXPLORE_SAMPLES), chosen
         assert controller.costs.draft[4, 8] == pytest.approx(true_s)  # its old samples replaced
         assert chosen[first + 1] == 8 and chosen[first:].count(8) > 2 * chosen[first:].count(32), chosen  # by its price
+
+
+def test_requests_arriving_during_a_round_price_it_by_their_wait(monkeypatch):
+    """Requests that join a running batch waited for the round before (SGLang prefills between
+    rounds), half of it on average: a long tier that wins on tokens per second of the batch alone
+    loses once they are counted (tokens per second of every request in the server), as the
+    synthetic pair's open loop at batch 8 (CPU) ran L = 32 at ~160 ms a round where fixed L = 8's
+    50-60 ms rounds let arrivals join sooner. Control: as many requests joining an idle server
+    (a closed batch, one at a time) kept no one waiting, and the choice stays."""
+    clock = itertools.count(0.0, 0.005)  # a round every 5 ms
+    monkeypatch.setattr("parse_sglang.adaptive.time", SimpleNamespace(perf_counter=lambda: next(clock)))
+    for running in (True, False):
+        controller, reqs = AdaptiveDraftLength((0, 8, 32), linear_costs()), [SimpleNamespace() for _ in range(4)]
+        for _ in range(6):
+            observe(controller, reqs, 32, [32] * 4)  # a draft kept whole
+        assert controller.choose(reqs, policies(4, budget=24), rows_of) == 32
+        for _ in range(ARRIVAL_ROUNDS):  # a request joins each round: the running batch, or an idle server
+            batch = (reqs if running else []) + [SimpleNamespace()]
+            controller.choose(batch, policies(len(batch)), rows_of)
+        assert controller.arrivals() == pytest.approx(200.0 if running else 0.0)
+        assert controller.choose(reqs, policies(4, budget=24), rows_of) == (8 if running else 32)
 
 
 def test_a_pool_that_has_heard_from_few_requests_does_not_keep_a_new_one_from_drafting():
