@@ -613,7 +613,7 @@ class AdaptiveDraftLength(DraftLengthPolicy):
         a tier-0 round of it would run."""
         start, last = time.perf_counter(), self._clock.get("start")
         self._clock = {"start": start, "cold": self._last_end is not None and start - self._last_end > IDLE_S}
-        self._count_arrivals(reqs, None if last is None or self._clock["cold"] else start - last)
+        self._count_arrivals(reqs, None if last is None else start - last)
         self._policies = policies
         going = self.ends.going([p.output_len for p in policies], max(self.tiers[-1], self.head_steps or 0, steps))
         self._zero_steps = running_steps(going, steps)
@@ -732,9 +732,9 @@ class AdaptiveDraftLength(DraftLengthPolicy):
 
     def _count_arrivals(self, reqs, since: Optional[float]) -> None:
         """The requests new to the controller in this batch, counted as arrivals into a running batch
-        where it held others from before and `since` (seconds since the last round started; None:
-        after an idle gap) is known. A closed batch, or requests sent one at a time, join an idle
-        server: no round kept them waiting."""
+        where it held others from before, over `since` (seconds since the last round started, an
+        idle gap's included: no request arrived in it; None: the first round). A closed batch, or
+        requests sent one at a time, join an idle server: no round kept them waiting."""
         joined = [req for req in reqs if not state_of(req).arrived]
         for req in joined:
             state_of(req).arrived = True
