@@ -3,7 +3,6 @@ table, the acceptance estimates, the tier choice, and its settings refused by na
 
 from __future__ import annotations
 
-import itertools
 import json
 import math
 import re
@@ -721,20 +720,28 @@ def test_requests_arriving_during_a_round_price_it_by_their_wait(monkeypatch):
     rounds), half of it on average: a long tier that wins on tokens per second of the batch alone
     loses once they are counted (tokens per second of every request in the server), as the
     synthetic pair's open loop at batch 8 (CPU) ran L = 32 at ~160 ms a round where fixed L = 8's
-    50-60 ms rounds let arrivals join sooner. Control: as many requests joining an idle server
-    (a closed batch, one at a time) kept no one waiting, and the choice stays."""
-    clock = itertools.count(0.0, 0.005)  # a round every 5 ms
-    monkeypatch.setattr("parse_sglang.adaptive.time", SimpleNamespace(perf_counter=lambda: next(clock)))
+    50-60 ms rounds let arrivals join sooner. An idle gap is time in which none arrived. Control:
+    as many requests joining an idle server (a closed batch, one at a time) kept no one waiting,
+    and the choice stays."""
+    now = [0.0]
+    monkeypatch.setattr("parse_sglang.adaptive.time", SimpleNamespace(perf_counter=lambda: now[0]))
     for running in (True, False):
         controller, reqs = AdaptiveDraftLength((0, 8, 32), linear_costs()), [SimpleNamespace() for _ in range(4)]
         for _ in range(6):
             observe(controller, reqs, 32, [32] * 4)  # a draft kept whole
         assert controller.choose(reqs, policies(4, budget=24), rows_of) == 32
-        for _ in range(ARRIVAL_ROUNDS):  # a request joins each round: the running batch, or an idle server
+        for _ in range(ARRIVAL_ROUNDS):  # a request joins each round of 5 ms: the running batch, or an idle server
+            now[0] += 0.005
             batch = (reqs if running else []) + [SimpleNamespace()]
             controller.choose(batch, policies(len(batch)), rows_of)
         assert controller.arrivals() == pytest.approx(200.0 if running else 0.0)
+        now[0] += 0.005
         assert controller.choose(reqs, policies(4, budget=24), rows_of) == (8 if running else 32)
+        if running:  # the server idles 10 s: its last rounds' joins over their time and the gap's
+            now[0] += 10.0
+            assert controller.choose(reqs, policies(4, budget=24), rows_of) == 32
+            joins = ARRIVAL_ROUNDS - 2  # the window's: the last two rounds had none
+            assert controller.arrivals() == pytest.approx(joins / ((ARRIVAL_ROUNDS - 1) * 0.005 + 10.0))
 
 
 def test_a_pool_that_has_heard_from_few_requests_does_not_keep_a_new_one_from_drafting():
