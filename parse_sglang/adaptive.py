@@ -10,8 +10,9 @@ settings and what it achieves are docs/adaptive.md.
 - `OutputEnds`: where finished requests' outputs ended: a draft token past a request's end is
   worth nothing.
 - `AdaptiveDraftLength`: the `DraftLengthPolicy` choosing the tier with the most expected
-  tokens per second, probing out of tier 0 when a drafting round may pay again, and, once the
-  drafts are on the host, where their verify stops (`verify_length`). With an EAGLE-3 head
+  tokens per second of every request in the server (requests arriving during a round wait for
+  it), probing out of tier 0 when a drafting round may pay again, and, once the drafts are on the
+  host, where their verify stops (`verify_length`). With an EAGLE-3 head
   (`eagle3_head`) the head tier `HEAD` is one more choice beside tier 0 and the drafting tiers,
   with its own cost cells and acceptance curves (docs/eagle3.md).
 """
