@@ -10,9 +10,8 @@ settings and what it achieves are docs/adaptive.md.
 - `OutputEnds`: where finished requests' outputs ended: a draft token past a request's end is
   worth nothing.
 - `AdaptiveDraftLength`: the `DraftLengthPolicy` choosing the tier with the most expected
-  tokens per second of every request in the server (requests arriving during a round wait for
-  it), probing out of tier 0 when a drafting round may pay again, and, once the drafts are on the
-  host, where their verify stops (`verify_length`). With an EAGLE-3 head
+  tokens per second, probing out of tier 0 when a drafting round may pay again, and, once the
+  drafts are on the host, where their verify stops (`verify_length`). With an EAGLE-3 head
   (`eagle3_head`) the head tier `HEAD` is one more choice beside tier 0 and the drafting tiers,
   with its own cost cells and acceptance curves (docs/eagle3.md).
 """
@@ -75,8 +74,6 @@ POOL_HEARD = 4
 # tokens). A catch-up it held still prices catch-ups: a batch's first round after its prompts'
 # long prefill is where the draft first catches up over them.
 IDLE_S = 1.0
-# Rounds over which the rate of requests joining a running batch is measured (`arrivals`).
-ARRIVAL_ROUNDS = 32
 HEAD = -1  # the tier of a head round (`eagle3_head`): the head's k drafts, a chain-only verify
 ENDED_KEPT = 128  # finished requests whose output lengths say where outputs end
 ENDED_PRIOR = 2.0  # requests' worth of an output that never ends, beside them
@@ -572,7 +569,6 @@ class AdaptiveDraftLength(DraftLengthPolicy):
         self._typical = Acceptance()  # no rounds of its own: the pooled curve's expectations
         self._clock = {}  # this round's host times at its crossings (its measured costs)
         self._last_end = None  # when the last round ended (a round after an idle gap is no cost sample)
-        self._joins = collections.deque(maxlen=ARRIVAL_ROUNDS)  # (requests that joined a running batch, seconds)
         self._tier = 0  # this round's drafted tier (what its draft part cost)
         self._zero_steps = 1  # the decode steps of this round were it tier 0 (`running_steps`)
         self.calibration = Calibration()  # P(kept | the draft's confidence), every request's rounds
@@ -612,9 +608,8 @@ class AdaptiveDraftLength(DraftLengthPolicy):
         """The tier of this round (HEAD: a head round): reqs and their `RequestPolicy`s;
         rows_of(tier) -> the verify rows of the batch at a drafting tier; steps: the decode steps
         a tier-0 round of it would run."""
-        start, last = time.perf_counter(), self._clock.get("start")
+        start = time.perf_counter()
         self._clock = {"start": start, "cold": self._last_end is not None and start - self._last_end > IDLE_S}
-        self._count_arrivals(reqs, None if last is None else start - last)
         self._policies = policies
         going = self.ends.going([p.output_len for p in policies], max(self.tiers[-1], self.head_steps or 0, steps))
         self._zero_steps = running_steps(going, steps)
@@ -688,7 +683,7 @@ class AdaptiveDraftLength(DraftLengthPolicy):
         for tier in self.tiers + ([HEAD] if self.head_steps else []):
             cost = self.costs.cost(bs, tier, self._rows(tier, rows_of), steps if tier == 0 else 1)
             if cost is not None and cost > 0:
-                seconds[tier] = self._waited(cost + (catch_up if tier > 0 else 0.0), bs)
+                seconds[tier] = cost + (catch_up if tier > 0 else 0.0)
                 rates[tier] = self._expected_tokens(tier, reqs, policies, steps, going) / seconds[tier]
         best = max(rates, key=lambda t: (rates[t], -t)) if rates else self.tiers[0]  # ties: the shorter tier
         if best == 0 and self._kept is not None and 0 in rates:
@@ -700,7 +695,7 @@ class AdaptiveDraftLength(DraftLengthPolicy):
             tier, kept = self._kept
             cost = self.costs.cost(bs, tier, rows_of(tier))
             alive = (torch.arange(tier + 1) <= kept).double().expand(bs, -1)  # [bs, tier + 1]
-            if cost and _emitted(alive, policies, tier, going) / self._waited(cost + catch_up, bs) > rates[0]:
+            if cost and _emitted(alive, policies, tier, going) / (cost + catch_up) > rates[0]:
                 return tier
         if best <= 0:  # a probe replaces a round that drafts nothing; it first catches up over what the draft missed
             first = next((t for t in self.tiers if t > 0), 0)
@@ -730,33 +725,6 @@ class AdaptiveDraftLength(DraftLengthPolicy):
             and seconds[t] * (1 - rates[t] / rates[best]) <= PROBE_OVERHEAD * since
         ]  # fmt: skip
         return max(close, key=lambda t: (rates[t], -t)) if close and not self.costs.fixed else best
-
-    def _count_arrivals(self, reqs, since: Optional[float]) -> None:
-        """The requests new to the controller in this batch, counted as arrivals into a running batch
-        where it held others from before, over `since` (seconds since the last round started, an
-        idle gap's included: no request arrived in it; None: the first round). A closed batch, or
-        requests sent one at a time, join an idle server: no round kept them waiting."""
-        joined = [req for req in reqs if not state_of(req).arrived]
-        for req in joined:
-            state_of(req).arrived = True
-        if since is not None:
-            self._joins.append((len(joined) if len(joined) < len(reqs) else 0, since))
-
-    def arrivals(self) -> float:
-        """Requests per second that joined a running batch, over the last ARRIVAL_ROUNDS rounds."""
-        seconds = sum(s for _, s in self._joins)
-        return sum(j for j, _ in self._joins) / seconds if seconds > 0 else 0.0
-
-    def _waited(self, seconds: float, bs: int) -> float:
-        """A round's `seconds` for a batch of bs, with what it costs the requests arriving meanwhile:
-        each waits for the round to end (SGLang prefills between rounds), half of it on average, and
-        a request waiting is time of the server's requests that emits nothing. So tiers are compared
-        by tokens per second of every request in the server, (bs T + arrivals T^2 / 2) / bs for a
-        round of T. Unpriced, the synthetic pair's open loop at batch 8 (CPU) ran L = 32 at batches
-        3-7 (~160 ms a round, about 3 arrivals in it) at L = 8's tokens per round-second; fixed L = 8,
-        whose 50-60 ms rounds let arrivals join sooner and so ran larger batches, served the same
-        tokens in 1.12-1.20 s of rounds where it took 1.26-1.42 s."""
-        return seconds * (1 + self.arrivals() * seconds / (2 * bs))
 
     def _probe_due(self, policies, rows_of, best: int = 0, catch_up: float = 0.0, new: bool = False) -> Optional[int]:
         """A probe, in place of a round that drafts nothing (tier 0, or a head round: `best`) for

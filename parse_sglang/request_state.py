@@ -27,7 +27,6 @@ class RequestState:
     head_acceptance: Optional[object] = None  # adaptive.Acceptance of its head rounds (`eagle3_head`)
     target_phase: Optional[list] = None  # tokens of its current target phase (target_phase.py); None: not in one
     draft_behind: int = 0  # committed tokens whose draft KV tier-0 rounds skipped (draft_chain.py)
-    arrived: bool = False  # an adaptive server's choice has seen it (adaptive.AdaptiveDraftLength.arrivals)
 
 
 def state_of(req) -> RequestState:
