@@ -267,9 +267,8 @@ class CostTable:
     def stale_tiers(self, batch_size: int) -> dict[int, float]:
         """{tier: seconds of the rounds since its last sample} of the measured tiers whose draft cost in
         this bucket is stale (`STALE_ROUNDS`; never a loaded table's)."""
-        measured = self.measured_tiers(batch_size)
         return {tier: self._seconds - self._sampled[cell][1]
-                for cell, tier in self._draft_cells(batch_size) if tier in measured and self._stale(cell)}  # fmt: skip
+                for cell, tier in self._draft_cells(batch_size) if cell in self._measured and self._stale(cell)}  # fmt: skip
 
     def _draft_cells(self, batch_size: int) -> list:
         """[((cells, key), tier)] of the bucket's draft cells, the head's among them."""
