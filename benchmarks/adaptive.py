@@ -2,7 +2,8 @@
 
     python benchmarks/adaptive.py [--pairs useless synthetic smollm2] [--steps 4 8 16 32]
         [--batches 1 8 32] [--modes target_only target_only_sync fixed adaptive default eagle3]
-        [--adaptive-tiers T ...] [--open-loop] [--one-by-one N] [--seed 0] [--max-new-tokens 64] [--warm-up-runs 3] [--repeats 3]
+        [--adaptive-tiers T ...] [--twin L] [--open-loop] [--one-by-one N] [--seed 0] [--max-new-tokens 64]
+        [--warm-up-runs 3] [--repeats 3]
         [--likelihood-threshold 0.05] [--json]
 
 For each pair, every engine is started at once, each a `python -m sglang_cpu.launch_server`
@@ -32,6 +33,12 @@ the 2-core CPU the tiny pairs' 7 engines before `default` took ~13 GB, SmolLM2's
   head         PARSE composed with that head (`eagle3_head`, k = --eagle3-steps): the package's
                defaults (lossless, adaptive, L <= 32) with the head running tier 0. Pairs with
                the synthetic target only, as eagle3.
+  twin         (--twin L, with fixed) fixed L's engine a second time, scored as adaptive is: the
+               control of the comparison with the best fixed L. An engine exactly as fast as fixed
+               L, it shows what that is worth on a machine's noise: its ratio_to_best_fixed is
+               below 1 whenever it loses the coin toss against its original, or another L's run
+               is lucky in a round; where L is the best, its median is the bar "as fast as the
+               best fixed L" sets, measured the way adaptive's is
 PAIRS
   useless      the synthetic pair's target and a draft of its draft's shape with random weights
                (built once in the model cache): exact match almost never holds; lossless (judge
@@ -81,9 +88,11 @@ COLUMNS (--json: one object per row, gpu_serving's columns plus these)
   rate_per_s                  open: the offered arrival rate (requests/s); closed: null
   tokens_per_s                output tokens / wall time; open: / (last finish - first send)
   mean_latency_s              open: the mean over requests of finish - send (client side)
-  ratio_to_target_only, ratio_to_best_fixed (adaptive and default rows: in each round, to the
+  ratio_to_target_only, ratio_to_best_fixed (adaptive, default and twin rows: in each round, to the
   fixed engine of the same pair, batch and load with the most tokens/s in that round),
-  ratio_to_target_only_sync (adaptive and default rows); each the median over the rounds
+  ratio_to_target_only_sync (adaptive, default and twin rows); each the median over the rounds
+  ratio_to_best_fixed_interval  a distribution-free interval of ratio_to_best_fixed's median over
+                              the rounds (>= 90%: median_interval; 7 rounds: min and max)
   latency_ratio_to_target_only  open: mean_latency_s / target-only's (below 1: answers sooner),
                               paired by round, the median
   round_ms, decode_s          closed rows only (an open loop's requests do not start together)
@@ -104,6 +113,7 @@ import argparse
 import dataclasses
 import contextlib
 import json
+import math
 import random
 import statistics
 import sys
@@ -127,9 +137,11 @@ from support.servers import launch, stop, wait_healthy  # noqa: E402
 PAIRS = ("useless", "synthetic", "smollm2")
 MODES = ("target_only", "target_only_sync", "fixed", "adaptive", "default", "eagle3", "head")
 HEADED = {"useless", "synthetic"}  # pairs whose target has a distilled EAGLE-3 head (mode eagle3)
-PICKED = ("adaptive", "default")  # engines that pick their own L: compared with the best fixed one
+PICKED = ("adaptive", "default")  # engines that pick their own L
+COMPARED = (*PICKED, "twin")  # engines compared with the best fixed one (the twin: the comparison's control)
 JUDGED = {"synthetic"}  # pairs whose fixed and adaptive engines judge; the others lossless
 RATIOS = ("ratio_to_target_only", "ratio_to_best_fixed", "ratio_to_target_only_sync")
+BEST_FIXED_INTERVAL = "ratio_to_best_fixed_interval"
 LATENCY_RATIO = "latency_ratio_to_target_only"
 TABLE_KEYS = (
     "pair",
@@ -141,6 +153,7 @@ TABLE_KEYS = (
     "tokens_per_s",
     "ratio_to_target_only",
     "ratio_to_best_fixed",
+    BEST_FIXED_INTERVAL,
     "ratio_to_target_only_sync",
     "mean_latency_s",
     LATENCY_RATIO,
@@ -238,6 +251,10 @@ def engines(args, pair: gpu_serving.Pair) -> list[gpu_serving.EngineSpec]:
             settings = parse_engine_kwargs(pair.draft, config)
         row = gpu_serving.RowSpec(mode, L)
         plan.append(gpu_serving.EngineSpec(name, settings, [row], config.draft_budget, config, graphs=False))
+    if args.twin:  # fixed L's engine again: scored as adaptive is, it shows what "as fast as fixed L" scores
+        fixed = next(s for s in plan if s.rows[0] == gpu_serving.RowSpec("fixed", args.twin))
+        twin = [gpu_serving.RowSpec("twin", args.twin)]
+        plan.append(dataclasses.replace(fixed, name=f"{fixed.name} (twin)", rows=twin))
     head = None
     if {"eagle3", "head"} & set(modes) and pair.name in HEADED:
         from support import eagle3_head
@@ -454,6 +471,24 @@ def paired(row: dict, others: list[dict], key: str = "tokens_per_s") -> list | N
     return [value / max(o[runs][k] for o in others) for k, value in enumerate(row[runs])]
 
 
+def median_interval(values: list[float] | None, coverage: float = 0.9) -> list[float] | None:
+    """A distribution-free interval of the median of `values` (independent rounds) covering it with
+    probability >= coverage: the k-th smallest and k-th largest for the largest such k (the sign
+    test's order statistics; 7 rounds: min and max, 98%; 11 rounds: 3rd of each end, 93%); None
+    where no k reaches it (fewer than 5 rounds)."""
+    if not values:
+        return None
+    n, ordered = len(values), sorted(values)
+    below = 0.0  # P(Binomial(n, 1/2) <= k - 1): the chance the median lies below the k-th smallest
+    interval = None
+    for k in range(1, n // 2 + 1):
+        below += math.comb(n, k - 1) / 2**n
+        if 1 - 2 * below < coverage:
+            break
+        interval = [ordered[k - 1], ordered[n - k]]
+    return interval
+
+
 def derive(rows: list[dict]) -> None:
     """Ratios (medians of the per-round ratios), tokens per target forward, equality with
     target-only, in place; every comparison within the same pair, batch and load."""
@@ -470,12 +505,13 @@ def derive(rows: list[dict]) -> None:
         equal = [a == b for a, b in zip(row["output_ids"], base["output_ids"])] if base else []
         row["outputs_equal"] = sum(equal) / len(equal) if equal else None
         row["equal_to_target_only"] = all(equal) if equal and row["lossless"] else None
-        picked = row["mode"] in PICKED
-        fixed, sync = (same(row, "fixed"), same(row, "target_only_sync")) if picked else ([], [])
+        compared = row["mode"] in COMPARED
+        fixed, sync = (same(row, "fixed"), same(row, "target_only_sync")) if compared else ([], [])
         for name, others in zip(RATIOS, ([base] if base else [], fixed, sync)):
             runs = paired(row, others)
             row[name + "_runs"] = runs
             row[name] = statistics.median(runs) if runs else None
+        row[BEST_FIXED_INTERVAL] = median_interval(row["ratio_to_best_fixed_runs"])
         timed = base and row.get("mean_latency_s_runs") and base.get("mean_latency_s_runs")
         runs = paired(row, [base], "mean_latency_s") if timed else None
         row[LATENCY_RATIO + "_runs"], row[LATENCY_RATIO] = runs, statistics.median(runs) if runs else None
@@ -503,6 +539,8 @@ def merge(paths: list[str]) -> list[dict]:
             values = [r[ratio] for r in same if r.get(ratio) is not None]
             row[ratio] = statistics.median(values) if values else None
             row[ratio + "_runs"] = [x for r in same for x in r.get(ratio + "_runs") or [r.get(ratio)]]
+        best_fixed = [x for x in row["ratio_to_best_fixed_runs"] if x is not None]
+        row[BEST_FIXED_INTERVAL] = median_interval(best_fixed)
         merged.append(row)
     return merged
 
@@ -551,6 +589,12 @@ def parse_args(argv=None):
         metavar="T",
         help="the adaptive engine's tiers, each below the largest --steps (default: the package's)",
     )
+    parser.add_argument(
+        "--twin",
+        type=int,
+        metavar="L",
+        help="fixed L's engine once more (one of --steps; mode twin), compared with the best fixed L as adaptive is",
+    )
     parser.add_argument("--eagle3-steps", type=int, default=3, help="head steps per EAGLE3 round (mode eagle3)")
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument(
@@ -592,6 +636,9 @@ def parse_args(argv=None):
         for value in values:
             if not low <= value <= high:
                 parser.error(f"--{flag}={value} is invalid: allowed is an integer in [{low}, {high}]")
+    if args.twin is not None and (args.twin not in args.steps or "fixed" not in args.modes):
+        parser.error(f"--twin={args.twin} is invalid: allowed is one of --steps ({' '.join(map(str, args.steps))}) "
+                     "with mode fixed")  # fmt: skip
     if not 0.0 <= args.likelihood_threshold <= 1.0:
         parser.error(f"--likelihood-threshold={args.likelihood_threshold} is invalid: allowed is a number in [0, 1]")
     args.modes = list(dict.fromkeys(args.modes))
