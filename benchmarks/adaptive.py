@@ -54,7 +54,8 @@ engine alike: an adaptive engine measures its costs and the acceptance it pools 
 server does in its first minutes; a request's own estimate starts afresh). Then --repeats
 rounds: in each, every batch is served by every engine in turn (gpu_serving.measure: a short
 warm-up call, the timed call, a prefill-only call), so the runs a ratio compares lie seconds
-apart, not minutes: a shared 2-core machine drifts by 20% and more between minutes. A row is
+apart, not minutes: a shared 2-core machine drifts by 20% and more between minutes. The turn
+runs backwards every other round: a place in it costs (`turn`). A row is
 the engine's run with the median tokens/s (`tokens_per_s_runs`: all of them); its ratios are
 the medians of the ratios paired round by round (`*_runs`: each round's). On a machine without
 CUDA every server runs the CPU runtime, eagerly.
@@ -432,6 +433,14 @@ def median_run(spec: gpu_serving.EngineSpec, timed: list[dict]) -> dict:
     return row
 
 
+def turn(engines: int, round_: int) -> list[int]:
+    """The engines' order in a round: as started, reversed every other round. A place in the turn
+    costs on a busy CPU: fixed L = 8's engine again, four places later, ran 0.86-0.98 of it
+    (medians of 11 rounds, benchmarks/README.md "The bar's control")."""
+    order = list(range(engines))
+    return order[::-1] if round_ % 2 else order
+
+
 def run_pair(args, pair: gpu_serving.Pair, progress) -> list[dict]:
     plan = engines(args, pair)
     all_L = [*args.steps, *(s.server_L for s in plan if s.server_L)]  # context room for the widest window
@@ -447,7 +456,8 @@ def run_pair(args, pair: gpu_serving.Pair, progress) -> list[dict]:
         for round_ in range(args.repeats):
             for batch in args.batches:
                 for load in loads + (["one_by_one"] if batch == 1 and args.one_by_one else []):
-                    for i, (spec, server) in enumerate(zip(plan, servers)):
+                    for i in turn(len(plan), round_):
+                        spec, server = plan[i], servers[i]
                         row = measure_load(server, pair, spec, batch, load, rates, args)
                         runs.setdefault((i, batch, load), []).append(row)
                         latency = f", mean latency {row['mean_latency_s']:.2f} s" if load == "open" else ""

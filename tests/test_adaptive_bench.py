@@ -5,6 +5,7 @@ flight together), ratios and merging per load, and gpu_serving's parse_adaptive 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import random
@@ -254,6 +255,35 @@ def test_twin_is_the_fixed_engine_again_scored_as_adaptive_is(capsys):
         with pytest.raises(SystemExit):
             bench.parse_args(argv)
         assert f"--twin={argv[-1]} is invalid: allowed is one of --steps" in capsys.readouterr().err
+
+
+def test_engines_take_turns_backwards_every_other_round(monkeypatch):
+    served, order = [], []
+    monkeypatch.setattr(bench.gpu_serving, "common_settings", lambda *args, **kwargs: {})
+    monkeypatch.setattr(bench, "served", lambda settings, logs, progress: contextlib.nullcontext(range(len(settings))))
+    monkeypatch.setattr(bench, "warm_up", lambda *args: {})
+
+    def measure(server, pair, spec, batch, load, rates, args):
+        served.append((server, batch))
+        return {
+            "mode": spec.rows[0].mode,
+            "tokens_per_s": 100.0 + len(served),
+            "mean_L": None,
+            "load": load,
+            "mean_latency_s": None,
+        }
+
+    monkeypatch.setattr(bench, "measure_load", measure)
+    args = bench_args(modes=["target_only", "fixed", "adaptive"], open_loop=False, repeats=3, cuda=False)
+    rows = bench.run_pair(args, pair(), progress=order.append)
+    assert served == [(0, 1), (1, 1), (2, 1), (3, 1), (0, 8), (1, 8), (2, 8), (3, 8),  # round 1: as started
+                      (3, 1), (2, 1), (1, 1), (0, 1), (3, 8), (2, 8), (1, 8), (0, 8),  # round 2: backwards
+                      (0, 1), (1, 1), (2, 1), (3, 1), (0, 8), (1, 8), (2, 8), (3, 8)]  # fmt: skip
+    assert bench.turn(3, 0) == [0, 1, 2] and bench.turn(3, 1) == [2, 1, 0] and bench.turn(3, 4) == [0, 1, 2]
+    # a row's runs stay in round order whatever its place: engine 0, batch 1 ran 1st, 12th and 17th
+    first = rows[0]
+    assert (first["mode"], first["tokens_per_s_runs"]) == ("target_only", [101.0, 112.0, 117.0])
+    assert [r["mode"] for r in rows] == ["target_only", "fixed", "fixed", "adaptive"] * 2
 
 
 def test_median_interval_covers_the_median_as_it_says():
