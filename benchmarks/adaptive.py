@@ -482,10 +482,11 @@ def paired(row: dict, others: list[dict], key: str = "tokens_per_s") -> list | N
 
 
 def median_interval(values: list[float] | None, coverage: float = 0.9) -> list[float] | None:
-    """A distribution-free interval of the median of `values` (independent rounds) covering it with
-    probability >= coverage: the k-th smallest and k-th largest for the largest such k (the sign
-    test's order statistics; 7 rounds: min and max, 98%; 11 rounds: 3rd of each end, 93%); None
-    where no k reaches it (fewer than 5 rounds)."""
+    """A distribution-free interval of the median of `values` covering it with probability >=
+    coverage if the rounds are independent: the k-th smallest and k-th largest for the largest such
+    k (the sign test's order statistics; 7 rounds: min and max, 98%; 11 rounds: 3rd of each end,
+    93%); None where no k reaches it (fewer than 5 rounds). An adaptive engine carries its costs
+    and curves from round to round: the spread between runs can be wider."""
     if not values:
         return None
     n, ordered = len(values), sorted(values)
