@@ -45,13 +45,17 @@ PRIOR_WEIGHT_MIN = 0.05  # ... and what it keeps however long the request runs
 SAMPLES = 5  # a cost cell is the median of its last SAMPLES rounds (robust to a busy machine's spikes)
 EXPLORE_SAMPLES = 2  # rounds that make a tier's cost in a bucket measured (after its warm-up)
 EXPLORE_MARGIN = 0.95  # a tier priced from other cells is measured where it is this close to the best
-# A measured cell not sampled for STALE_ROUNDS rounds of the server is stale: its tier is measured
+# A measured cell not sampled for STALE_ROUNDS rounds of its bucket is stale: its tier is measured
 # again where its rate is at least RECHECK_MARGIN of the best and what that round may lose against
-# the best is at most PROBE_OVERHEAD of the rounds' seconds since the cell's last sample; its sample
-# replaces the old ones. Otherwise a tier priced too high is never run, so never priced right: in
-# the synthetic pair's open loop at batch 8 (CPU), L = 8 at batch 4 kept its price from two rounds
-# of the server's first minute (63 and 68 ms) where its rounds take 47-51 ms, and the batch ran
-# L = 32 there (136-144 ms priced, 167-185 measured) in place of L = 8, 0.83x fixed L = 8 over the run.
+# the best is at most PROBE_OVERHEAD of the bucket's rounds' seconds since the cell's last sample;
+# its sample replaces the old ones. Otherwise a tier priced too high is never run, so never priced
+# right: in the synthetic pair's open loop at batch 8 (CPU), L = 8 at batch 4 kept its price from two
+# rounds of the server's first minute (63 and 68 ms) where its rounds take 47-51 ms, and the batch
+# ran L = 32 there (136-144 ms priced, 167-185 measured) in place of L = 8, 0.83x fixed L = 8 over
+# the run. Counted in the server's rounds, every cell of a bucket that other batch sizes had kept
+# busy went stale between two visits: the synthetic bar's closed batch of 8 re-checked L = 32 at its
+# first round and tier 0 at a later one in every run (its 32 rounds had been spent at batch 32 and
+# in open loops), and the L = 32 round left a straggler that ran alone at batch 1-2.
 STALE_ROUNDS = 32
 RECHECK_MARGIN = 0.75
 PRIOR_KEEP = 0.5  # the pooled keep rate of the first draft position before any round
@@ -150,19 +154,19 @@ class CostTable:
     _samples: dict = field(default_factory=dict)  # (cells, key) -> [warm-up, the last SAMPLES seconds]
     _sizes: dict = field(default_factory=dict)  # (cells, key) -> the batch sizes of its counted samples
     _measured: set = field(default_factory=set)  # (cells, key) that have had EXPLORE_SAMPLES counted samples
-    _sampled: dict = field(default_factory=dict)  # (cells, key) -> (_rounds, _seconds) at its last counted sample
-    _rounds: int = 0  # rounds observed
-    _seconds: float = 0.0  # ... and their seconds
+    _sampled: dict = field(default_factory=dict)  # (cells, key) -> (bucket, _rounds, _seconds there) at its last sample
+    _rounds: dict = field(default_factory=collections.Counter)  # bucket -> rounds observed
+    _seconds: dict = field(default_factory=lambda: collections.defaultdict(float))  # bucket -> their seconds
 
     def observe(self, batch_size: int, tier: int, rows: int, draft_s: Optional[float], rest_s: Optional[float],
                 seconds: float = 0.0) -> None:  # fmt: skip
         """A round's seconds: its draft part and the rest (None: no sample of that cell, though
-        it may be the cell's uncounted warm-up round); `seconds`: the whole round's (the table's clock)."""
+        it may be the cell's uncounted warm-up round); `seconds`: the whole round's (its bucket's clock)."""
         if self.fixed:
             return
-        self._rounds += 1
-        self._seconds += seconds
         b = bucket(batch_size)
+        self._rounds[b] += 1
+        self._seconds[b] += seconds
         drafted = (self.head, b) if tier == HEAD else (self.draft, (b, tier))
         for cells, key, value in ((*drafted, draft_s), (self.rest, (b, rows), rest_s)):
             cell = (id(cells), key)
@@ -179,13 +183,16 @@ class CostTable:
             del samples[1 : max(1, len(samples) - SAMPLES)]  # the warm-up marker and the last SAMPLES rounds
             cells[key] = statistics.median(samples[1:])
             sizes.append(batch_size)
-            self._sampled[cell] = (self._rounds, self._seconds)
+            self._sampled[cell] = (b, self._rounds[b], self._seconds[b])
             if len(samples) > EXPLORE_SAMPLES:
                 self._measured.add(cell)
 
     def _stale(self, cell) -> bool:
-        """The cell's last counted sample is more than STALE_ROUNDS rounds old."""
-        return cell in self._sampled and self._rounds - self._sampled[cell][0] > STALE_ROUNDS
+        """The cell's last counted sample is more than STALE_ROUNDS rounds of its bucket old."""
+        if cell not in self._sampled:
+            return False
+        b, rounds, _ = self._sampled[cell]
+        return self._rounds[b] - rounds > STALE_ROUNDS
 
     def _at(self, cells: dict, key, batch_size: int) -> float:
         """A measured cell's seconds at `batch_size`: its bucket's cell holds rounds of any size
@@ -271,9 +278,10 @@ class CostTable:
         return {tier for cell, tier in self._draft_cells(batch_size) if self.fixed or cell in self._measured}
 
     def stale_tiers(self, batch_size: int) -> dict[int, float]:
-        """{tier: seconds of the rounds since its last sample} of the measured tiers whose draft cost in
-        this bucket is stale (`STALE_ROUNDS`; never a loaded table's)."""
-        return {tier: self._seconds - self._sampled[cell][1]
+        """{tier: seconds of the bucket's rounds since its last sample} of the measured tiers whose
+        draft cost in this bucket is stale (`STALE_ROUNDS`; never a loaded table's)."""
+        b = bucket(batch_size)
+        return {tier: self._seconds[b] - self._sampled[cell][2]
                 for cell, tier in self._draft_cells(batch_size) if cell in self._measured and self._stale(cell)}  # fmt: skip
 
     def _draft_cells(self, batch_size: int) -> list:

@@ -711,7 +711,10 @@ def test_a_measured_tier_priced_too_high_is_measured_again_once_its_price_is_sta
     again where its rate is within RECHECK_MARGIN of the best and what its round may lose against
     the best is at most PROBE_OVERHEAD of the rounds' seconds since its last sample; that round's
     sample replaces the old ones. Controls: a stale tier further below the best is not run, nor one
-    whose loss the seconds since cannot pay (the rounds since were no cost samples: idle gaps)."""
+    whose loss the seconds since cannot pay (the rounds since were no cost samples: idle gaps).
+    Only its bucket's rounds age a cell: rounds at batch 32 in between leave it fresh (counted in
+    the server's rounds, the synthetic bar's closed batch of 8 re-checked L = 32 and tier 0 in every
+    run, its cells aged by the batches of 32 and the open loops between its runs)."""
     true_s, l32_s = 0.05, 0.1  # L = 8 emits 9 tokens a request, L = 32 13 (it keeps 12)
     for overpriced_s, timed, rechecked in ((0.08, True, True), (0.14, True, False), (0.08, False, False)):
         controller, reqs = AdaptiveDraftLength((0, 8, 32), CostTable()), [SimpleNamespace() for _ in range(4)]
@@ -719,6 +722,10 @@ def test_a_measured_tier_priced_too_high_is_measured_again_once_its_price_is_sta
             for _ in range(1 + EXPLORE_SAMPLES):
                 observe(controller, reqs, tier, [min(tier, 12)] * 4, seconds, 0.0)
         assert controller.costs.measured_tiers(4) == {0, 8, 32}
+        others = [SimpleNamespace() for _ in range(32)]
+        for _ in range(2 * STALE_ROUNDS):
+            observe(controller, others, 8, [8] * 32, 0.2, 0.1)
+        assert controller.costs.stale_tiers(4) == {} and controller.costs.stale_tiers(32) == {}
         rates = {t: controller._expected_tokens(t, reqs, policies(4), 1, None)
                  / controller.costs.cost(4, t, rows_of(t)) for t in (8, 32)}  # fmt: skip
         assert (rates[8] / rates[32] >= RECHECK_MARGIN) == (overpriced_s < 0.1) and rates[8] < rates[32], rates
