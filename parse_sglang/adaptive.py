@@ -78,6 +78,12 @@ POOL_HEARD = 4
 # tokens). A catch-up it held still prices catch-ups: a batch's first round after its prompts'
 # long prefill is where the draft first catches up over them.
 IDLE_S = 1.0
+# A longer drafting tier is chosen over a shorter one only where its expected rate is at least
+# LONGER_MARGIN times the shorter's. Its estimate errs more (more positions, fewer rounds reach
+# them), and its kept counts spread wider across the batch, which the rate does not price: the
+# synthetic pair's closed batch of 8 (CPU) chose L = 32 at 1.03x L = 8's rate, kept 32 for seven
+# requests and 14 for one, and ended with that one alone at batch 1-2, 0.86-0.87x fixed L = 8.
+LONGER_MARGIN = 1.10
 HEAD = -1  # the tier of a head round (`eagle3_head`): the head's k drafts, a chain-only verify
 ENDED_KEPT = 128  # finished requests whose output lengths say where outputs end
 ENDED_PRIOR = 2.0  # requests' worth of an output that never ends, beside them
@@ -693,6 +699,8 @@ class AdaptiveDraftLength(DraftLengthPolicy):
                 seconds[tier] = cost + (catch_up if tier > 0 else 0.0)
                 rates[tier] = self._expected_tokens(tier, reqs, policies, steps, going) / seconds[tier]
         best = max(rates, key=lambda t: (rates[t], -t)) if rates else self.tiers[0]  # ties: the shorter tier
+        shorter = [t for t in rates if 0 < t < best and LONGER_MARGIN * rates[t] >= rates[best]]
+        best = max(shorter, key=lambda t: (rates[t], -t)) if shorter else best
         if best == 0 and self._kept is not None and 0 in rates:
             # The last round drafted and paid: what it kept is this batch's latest evidence. Valued as
             # any tier (budgets, where outputs end, the catch-up, its cost), again where it beats tier 0.

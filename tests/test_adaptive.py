@@ -20,6 +20,7 @@ from parse_sglang.adaptive import (
     EXPLORE_SAMPLES,
     HEAD,
     IDLE_S,
+    LONGER_MARGIN,
     POOL_HEARD,
     PROBE_BACKOFF_MAX,
     PROBE_OVERHEAD,
@@ -478,7 +479,7 @@ def test_a_request_that_stops_keeping_its_drafts_leaves_long_tiers_at_once():
     for _ in range(200):  # the server: every round keeps what it drafts
         controller.pooled.observe(16, 16)
     req = SimpleNamespace()
-    assert controller.choose([req], policies(1), rows_of) == 32
+    assert controller.choose([req], policies(1), rows_of) >= 16  # L = 32 pays by less than LONGER_MARGIN here
     observe(controller, [req], 32, [14])
     observe(controller, [req], 32, [1])
     chosen = []
@@ -602,6 +603,32 @@ def test_a_request_that_keeps_all_it_drafts_is_valued_past_its_reach_by_its_own_
         observe(controller, [req], 32, [12])
     assert controller.acceptance(req).expected(32, controller.pooled) == pytest.approx(12, abs=1.0)
     assert controller.choose([req], policies(1), rows_of) in (8, 16)  # 13 tokens at 16 cost what 9 do at 8
+
+
+def test_a_longer_drafting_tier_is_chosen_only_where_it_pays_by_the_margin(monkeypatch):
+    """Eight requests that keep all they draft: L = 32 is chosen over L = 8 where its expected
+    rate is LONGER_MARGIN times L = 8's or more, and L = 8 where it is ahead by less (the synthetic
+    pair's closed batch of 8 chose L = 32 at 1.03x and lost to fixed L = 8 by its straggler).
+    Tier 0 is priced out of the way; control: without the margin the longer tier wins at 1.03x."""
+    reqs = [SimpleNamespace() for _ in range(8)]
+    controller = AdaptiveDraftLength((0, 8, 32), linear_costs())
+    for _ in range(6):
+        observe(controller, reqs, 32, [32] * 8)
+    tokens = {t: controller._expected_tokens(t, reqs, policies(8), 1, None) for t in (8, 32)}
+    assert tokens[32] > 3 * tokens[8]  # the requests keep what they draft
+
+    def choice(ratio: float) -> int:
+        """The choice where L = 32's rate is `ratio` times L = 8's (1 token per ms at L = 8)."""
+        seconds = {8: tokens[8] / 1000, 32: tokens[32] / (1000 * ratio)}
+        controller.costs = CostTable(draft={(8, 0): 1.0, **{(8, t): 0.0 for t in seconds}},
+                                     rest={(8, 1): 1.0, **{(8, t + 1): s for t, s in seconds.items()}},
+                                     fixed=True)  # fmt: skip
+        return controller.choose(reqs, policies(8), rows_of)
+
+    assert [choice(r) for r in (1.03, 0.99 * LONGER_MARGIN, 1.01 * LONGER_MARGIN, 2.0)] == [8, 8, 32, 32]
+    assert choice(0.97) == 8
+    monkeypatch.setattr("parse_sglang.adaptive.LONGER_MARGIN", 1.0)
+    assert choice(1.03) == 32
 
 
 def test_judged_jumps_are_valued_by_where_they_land():
@@ -842,7 +869,7 @@ def test_a_round_that_paid_drafts_again_while_what_it_kept_beats_tier_zero():
 
     _, tiers = one_request_rounds(costs, keep=32, rounds=150)
     first = tiers.index(4)  # the first probe
-    assert 0 not in tiers[first:] and tiers[-1] == 32, tiers
+    assert 0 not in tiers[first:] and tiers[-1] == 16, tiers  # L = 32 pays 1.03x L = 16: within LONGER_MARGIN
     _, tiers = one_request_rounds(costs, keep=0, rounds=first + 2)
     assert tiers[first:] == [4, 0], tiers
     controller, tiers = one_request_rounds(costs, keep=32, rounds=first + 1)
@@ -1014,7 +1041,7 @@ def test_a_new_batch_after_one_that_ended_at_tier_zero_runs_its_best_tier_not_a_
     observe(controller, ending, 0, [0] * 8, steps=1)
     assert controller._probe_due(policies(8), rows_of) == 4, "tier-0 steps behind: a probe would be due"
     fresh = [SimpleNamespace() for _ in range(8)]
-    assert controller.choose(fresh, policies(8), rows_of) == 32
+    assert controller.choose(fresh, policies(8), rows_of) == 16  # L = 32 pays 1.03x L = 16: within LONGER_MARGIN
     # where the choice is tier 0 the probe still replaces it (a request left at tier 0)
     stuck = [SimpleNamespace()]
     for _ in range(4):
