@@ -713,8 +713,8 @@ def test_a_measured_tier_priced_too_high_is_measured_again_once_its_price_is_sta
     sample replaces the old ones. Controls: a stale tier further below the best is not run, nor one
     whose loss the seconds since cannot pay (the rounds since were no cost samples: idle gaps).
     Only its bucket's rounds age a cell: rounds at batch 32 in between leave it fresh (counted in
-    the server's rounds, the synthetic bar's closed batch of 8 re-checked L = 32 and tier 0 in every
-    run, its cells aged by the batches of 32 and the open loops between its runs)."""
+    the server's rounds, the synthetic bar's closed batch of 8 re-checked tier 0 in its runs, its
+    cells aged by the batches of 32 and the open loops between them)."""
     true_s, l32_s = 0.05, 0.1  # L = 8 emits 9 tokens a request, L = 32 13 (it keeps 12)
     for overpriced_s, timed, rechecked in ((0.08, True, True), (0.14, True, False), (0.08, False, False)):
         controller, reqs = AdaptiveDraftLength((0, 8, 32), CostTable()), [SimpleNamespace() for _ in range(4)]
@@ -746,6 +746,21 @@ def test_a_measured_tier_priced_too_high_is_measured_again_once_its_price_is_sta
         assert chosen[:first] == [32] * first and first == STALE_ROUNDS + 1 - (1 + EXPLORE_SAMPLES), chosen
         assert controller.costs.draft[4, 8] == pytest.approx(true_s)  # its old samples replaced
         assert chosen[first + 1] == 8 and chosen[first:].count(8) > 2 * chosen[first:].count(32), chosen  # by its price
+
+
+def test_a_tier_a_bucket_runs_once_a_visit_is_measured_across_visits():
+    """A closed batch of 8 runs L = 32 once a visit, and between visits the server runs 64
+    rounds at batch 32. Its cell's samples add up across visits to a measured cost: counted in
+    the server's rounds, the cell was stale at each visit, its one sample replaced by the next, so
+    it was never measured and explored again at every visit (the synthetic bar's closed batches
+    of 8 and 32 ran L = 32 at every run's first round)."""
+    costs = CostTable()
+    for visit in range(1 + EXPLORE_SAMPLES):
+        assert costs.measured_tiers(8) == set(), visit
+        costs.observe(8, 32, 33, 0.2, 0.05, 0.25)
+        for _ in range(2 * STALE_ROUNDS):
+            costs.observe(32, 8, 9, 0.1, 0.05, 0.15)
+    assert costs.measured_tiers(8) == {32} and costs.draft[8, 32] == pytest.approx(0.2)
 
 
 def test_a_pool_that_has_heard_from_few_requests_does_not_keep_a_new_one_from_drafting():
