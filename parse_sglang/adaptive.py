@@ -694,7 +694,8 @@ class AdaptiveDraftLength(DraftLengthPolicy):
         # 8,192 tokens (~9 s) on batch 60's cells scaled down; and at batch 60, where L = 8 was
         # measured and a drifting machine priced tier 0 up past it, behind 7,680 tokens (35 s for
         # the round's ~470 tokens). Leaving tier 0 over a long stretch is a probe's (its loss bounded).
-        catch_up = self._catch_up_seconds(sum(state_of(req).draft_behind for req in reqs))
+        behind = sum(state_of(req).draft_behind for req in reqs)
+        catch_up = self._catch_up_seconds(behind)
         rates, seconds = {}, {}  # tier -> expected tokens per second, and seconds of its round
         for tier in self.tiers + ([HEAD] if self.head_steps else []):
             cost = self.costs.cost(bs, tier, self._rows(tier, rows_of), steps if tier == 0 else 1)
@@ -729,17 +730,24 @@ class AdaptiveDraftLength(DraftLengthPolicy):
         # tier in place of tier 0: its round first catches the draft up over every token the batch
         # committed without it (the real pair, CPU: 5,440 tokens at batch 16, ~6 s), priced above at
         # the least it can cost (nothing before a catch-up was measured), so a rate within the margin
-        # is no sign it pays; a probe (above), its loss bounded by PROBE_OVERHEAD, leaves tier 0.
+        # is no sign it pays; a probe (above), its loss bounded by PROBE_OVERHEAD, leaves tier 0. Nor in
+        # a round that catches up: its draft part is no sample of the tier (`drafts_on_host`), which
+        # stays unmeasured and is explored again: the synthetic pair's closed batches of 8 (CPU), their
+        # prefills' drafts deferred, explored L = 32 at each batch's first round, three visits in a row
+        # without a sample.
+        drafts_sampled = best > 0 and not behind  # a drafting tier here is a sample of its draft part
         close = [
-            t for t in rates if t not in measured and rates[t] >= EXPLORE_MARGIN * rates[best] and (best > 0 or t <= 0)
+            t
+            for t in rates
+            if t not in measured and rates[t] >= EXPLORE_MARGIN * rates[best] and (t <= 0 or drafts_sampled)
         ]
         # A measured tier whose price went stale, and may be too high: measured again where that may lose
         # little (`STALE_ROUNDS`): its round less the best tier's time for as many tokens. Not a drafting
-        # tier in place of tier 0 (probes leave it, their loss bounded alike).
+        # tier in place of tier 0 (probes leave it, their loss bounded alike), nor in a catch-up.
         close += [
             t
             for t, since in self.costs.stale_tiers(bs).items()
-            if t in rates and t != best and (best > 0 or t <= 0) and rates[t] >= RECHECK_MARGIN * rates[best]
+            if t in rates and t != best and (t <= 0 or drafts_sampled) and rates[t] >= RECHECK_MARGIN * rates[best]
             and seconds[t] * (1 - rates[t] / rates[best]) <= PROBE_OVERHEAD * since
         ]  # fmt: skip
         return max(close, key=lambda t: (rates[t], -t)) if close and not self.costs.fixed else best

@@ -763,6 +763,45 @@ def test_a_tier_a_bucket_runs_once_a_visit_is_measured_across_visits():
     assert costs.measured_tiers(8) == {32} and costs.draft[8, 32] == pytest.approx(0.2)
 
 
+def test_a_tier_priced_from_other_cells_is_not_explored_in_a_round_that_catches_up():
+    """A round that first catches the draft up (over a deferred prefill's prompt, or tokens
+    committed at tier 0) is no sample of its tier's draft part: a tier explored there stays
+    unmeasured and is explored again (the synthetic pair's closed batches of 8 ran L = 32 at each
+    batch's first round, its prefill's draft deferred, three visits without a sample). There the
+    best tier runs; the next round, caught up, explores, and its sample counts. Control: the same
+    prices with nothing behind explore at once; a stale tier alike."""
+    controller = AdaptiveDraftLength((0, 8, 32), CostTable())
+    batch, others = [SimpleNamespace() for _ in range(8)], [SimpleNamespace() for _ in range(32)]
+    for tier, seconds in ((0, 0.03), (8, 0.06), (32, 0.075)):  # batch 32 measured every tier
+        for _ in range(1 + EXPLORE_SAMPLES):
+            observe(controller, others, tier, [min(tier, 12)] * 32, seconds, 0.05)
+    for tier, seconds in ((0, 0.02), (8, 0.04)):  # batch 8 tiers 0 and 8
+        for _ in range(1 + EXPLORE_SAMPLES):
+            observe(controller, batch, tier, [min(tier, 7)] * 8, seconds, 0.03)
+    assert controller.costs.measured_tiers(8) == {0, 8}
+    rates = {t: controller._expected_tokens(t, batch, policies(8), 1, None)
+             / controller.costs.cost(8, t, rows_of(t)) for t in (8, 32)}  # fmt: skip
+    assert EXPLORE_MARGIN <= rates[32] / rates[8] < LONGER_MARGIN, rates  # close, not chosen by its rate
+    for req in batch:
+        state_of(req).draft_behind = 40
+    assert controller.choose(batch, policies(8), rows_of) == 8
+    for req in batch:  # control: caught up, it is explored
+        state_of(req).draft_behind = 0
+    assert controller.choose(batch, policies(8), rows_of) == 32
+    for _ in range(1 + EXPLORE_SAMPLES):
+        observe(controller, batch, 32, [7] * 8, 0.06, 0.03)
+    assert controller.costs.measured_tiers(8) == {0, 8, 32}
+    for _ in range(2 * STALE_ROUNDS):  # L = 32 stale (L = 8 each round)
+        observe(controller, batch, 8, [7] * 8, 0.04, 0.03)
+    assert 32 in controller.costs.stale_tiers(8)
+    for req in batch:
+        state_of(req).draft_behind = 40
+    assert controller.choose(batch, policies(8), rows_of) == 8
+    for req in batch:
+        state_of(req).draft_behind = 0
+    assert controller.choose(batch, policies(8), rows_of) == 32
+
+
 def test_a_pool_that_has_heard_from_few_requests_does_not_keep_a_new_one_from_drafting():
     """Costs measured online; the start-up explores on one request whose draft keeps nothing (as
     SGLang's warm-up request, whose text the synthetic draft keeps 1, 0 and 0 of), so the pool
