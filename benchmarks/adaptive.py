@@ -52,7 +52,9 @@ PAIRS
   qwen2.5-coder  Qwen2.5-Coder-1.5B-Instruct with Qwen2.5-Coder-0.5B-Instruct as its draft, bf16
                (`python -m parse_sglang.models fetch qwen2.5-coder`, fetched here when not
                cached: 1.6 GB), GSM-symbolic problems as chats (support.problems.gsm), lossless;
-               not in the default --pairs
+               not in the default --pairs. On a 23 GB CPU machine two of its engines start (a
+               third, with a draft, was refused by SGLang's KV memory check under the CPU
+               runtime's mem_fraction_static 0.5): --modes target_only default
 Each engine serves each batch --warm-up-runs times in full before anything is timed (every
 engine alike: an adaptive engine measures its costs and the acceptance it pools there, as a
 server does in its first minutes; a request's own estimate starts afresh). Then --repeats
