@@ -794,6 +794,9 @@ def test_a_tier_priced_from_other_cells_is_not_explored_in_a_round_that_catches_
     for _ in range(2 * STALE_ROUNDS):  # L = 32 stale (L = 8 each round)
         observe(controller, batch, 8, [7] * 8, 0.04, 0.03)
     assert 32 in controller.costs.stale_tiers(8)
+    rates = {t: controller._expected_tokens(t, batch, policies(8), 1, None)
+             / controller.costs.cost(8, t, rows_of(t)) for t in (8, 32)}  # fmt: skip
+    assert RECHECK_MARGIN <= rates[32] / rates[8] < 1, rates  # below the best: only a re-check runs it
     for req in batch:
         state_of(req).draft_behind = 40
     assert controller.choose(batch, policies(8), rows_of) == 8
