@@ -140,7 +140,7 @@ from parse_sglang.demo import DEFAULT_LIKELIHOOD_THRESHOLD  # noqa: E402
 from parse_sglang.settings import parse_engine_kwargs  # noqa: E402
 from parse_sglang.settings import ParseConfig  # noqa: E402
 from parse_sglang.settings import server_parse_config  # noqa: E402
-from support.servers import launch, stop, wait_healthy  # noqa: E402
+from support.servers import launch, sigterm_exits, stop, wait_healthy  # noqa: E402
 
 DEFAULT_PAIRS = ("useless", "synthetic", "smollm2")
 PAIRS = (*DEFAULT_PAIRS, "qwen2.5-coder")  # the real pair downloads 1.6 GB: named, never by default
@@ -315,21 +315,18 @@ class ServedEngine:
 @contextlib.contextmanager
 def served(settings: list[dict], log_dir: str, progress):
     """A `python -m sglang_cpu.launch_server` per settings dict, all running at once (idle ones
-    sleep), as `ServedEngine`s; every process stopped on exit."""
-    procs, engines = [], []
-    try:
+    sleep), as `ServedEngine`s; every process stopped on exit, a SIGTERM's included."""
+    engines = []
+    with sigterm_exits(), contextlib.ExitStack() as stops:
         for i, kwargs in enumerate(settings):
             log = Path(log_dir) / f"server{i}.log"
             flags = {**kwargs, "sleep_on_idle": True, "log_level_http": "info"}  # uvicorn's line: the port is bound
             proc, url = launch([sys.executable, "-m", "sglang_cpu.launch_server"], flags, log, timeout=600)
-            procs.append(proc)
+            stops.callback(stop, proc)
             wait_healthy(proc, url, log, timeout=600)
             engines.append(ServedEngine(url))
             progress(f"started {url} ({i + 1} of {len(settings)})")
         yield engines
-    finally:
-        for proc in procs:
-            stop(proc)
 
 
 # ---- the open loop ---------------------------------------------------------------------------
