@@ -54,8 +54,10 @@ PAIRS
                cached: 1.6 GB), GSM-symbolic problems as chats (support.problems.gsm), lossless;
                not in the default --pairs; on CPU its engines run under mem_fraction_static 0.9
                (SGLang's KV check reads the machine's free memory: under 0.5 a third engine was
-               refused; the pool is max_total_tokens either way); a PARSE engine of it holds ~6
-               GB, so a 23 GB machine runs three engines at most (a fourth: out of memory)
+               refused; the pool is max_total_tokens either way); a PARSE engine of it holds 6-9
+               GB (its scheduler 8.2-8.7 GB with the pool sized for batch 32), so a 23 GB machine
+               runs three engines at batch 1 and two where --batches reaches 32 (a third was
+               killed for memory in its warm-up)
 Each engine serves each batch --warm-up-runs times in full before anything is timed (every
 engine alike: an adaptive engine measures its costs and the acceptance it pools there, as a
 server does in its first minutes; a request's own estimate starts afresh). Then --repeats
