@@ -55,7 +55,7 @@ PAIRS
                not in the default --pairs; on CPU its engines run under mem_fraction_static 0.9
                (SGLang's KV check reads the machine's free memory: under 0.5 a third engine was
                refused; the pool is max_total_tokens either way); a PARSE engine of it holds 6-9
-               GB (its scheduler 8.2-8.7 GB with the pool sized for batch 32), so a 23 GB machine
+               GB (its scheduler about 8 GB with the pool sized for batch 32), so a 23 GB machine
                runs three engines at batch 1 and two where --batches reaches 32 (a third was
                killed for memory in its warm-up)
 Each engine serves each batch --warm-up-runs times in full before anything is timed (every

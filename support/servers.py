@@ -49,7 +49,7 @@ def sigterm_exits():
     servers runs (main thread only). The servers run in sessions of their own (`launch`), which a
     signal to this process's group does not reach, and Python's default SIGTERM exits without
     unwinding: `timeout 2400 python benchmarks/adaptive.py` killed, or a `kill` of it, had left
-    its two real-pair servers running, ~9 GB resident between them, on a 23 GB machine."""
+    its two real-pair servers running, ~15 GB between them (`free`), on a 23 GB machine."""
 
     def exit_(signum, frame):
         raise SystemExit(128 + signum)
