@@ -59,11 +59,13 @@ EXPLORE_MARGIN = 0.95  # a tier priced from other cells is measured where it is 
 STALE_ROUNDS = 32
 RECHECK_MARGIN = 0.75
 PRIOR_KEEP = 0.5  # the pooled keep rate of the first draft position before any round
-# What probes out of tier 0 may cost, as a share of the decode steps between them. A server whose
-# draft never pays runs at most this far below the target alone for good (plus its start-up's
-# exploration, once): at 5%, that budget alone is the whole margin of a 0.95x bar.
+# What probes out of tier 0 may cost, as a share of the seconds of the rounds between them (each
+# priced at its own batch size). A server whose draft never pays runs at most this far below the
+# target alone for good (plus its start-up's exploration, once): at 5%, that budget alone is the
+# whole margin of a 0.95x bar. Counted in decode steps of any batch size, a batch of 1's cheap
+# steps had paid for a batch of 32's probes, each step for one of the bigger batch's.
 PROBE_OVERHEAD = 0.02
-PROBE_AFTER = 8  # decode steps between probes while their costs are not known
+PROBE_AFTER = 8  # decode steps of the batch between probes while a probe's cost is not known
 PROBE_BACKOFF_MAX = 32  # probes that keep finding nothing space out up to this factor
 # Requests the pooled curve must have heard from (each request's first drafting round) before it
 # alone keeps a new request from drafting, on a server that measures its costs online: one
@@ -575,8 +577,8 @@ class AdaptiveDraftLength(DraftLengthPolicy):
         self.pooled = PooledAcceptance(longest=self.tiers[-1])
         self.head_steps = head_steps  # k of an EAGLE-3 head (the tier HEAD); None: no head
         self.head_pooled = PooledAcceptance(longest=head_steps or 0)  # the head's pooled curve
-        self._zero_streak = 0  # verify passes of tier 0 and head rounds since the last round that drafted
-        self._head_streak = 0  # tier-0 decode steps since the last head round
+        self._zero_streak = 0.0  # seconds of tier-0 and head rounds since the last round that drafted (priced)
+        self._head_streak = 0.0  # seconds of tier-0 rounds since the last head round (priced)
         self._backoff = 1  # probes out of tier 0 space out by this factor while they do not pay
         self._head_backoff = 1  # ... and the head's probes out of tier 0
         self._kept = None  # (tier, draft tokens a request kept) of the last round, if it drafted and paid
@@ -759,11 +761,11 @@ class AdaptiveDraftLength(DraftLengthPolicy):
           that keeps it from drafting has heard from fewer than POOL_HEARD requests (with costs
           measured online: the start-up's exploration goes on to the first requests' acceptance);
         - once such rounds have run long enough that the loss of one round of it (its cost in
-          decode steps less the tokens per request it emits if it keeps what the pooled curve
-          expects, plus its `catch_up`: seconds over the tokens the draft missed) is at most
-          PROBE_OVERHEAD of their verify passes since the last drafting round (times the
-          backoff): a request kept at tier 0 shows no acceptance, and drafts improve, or a bad
-          stretch of text ends;
+          the batch's decode steps less the tokens per request it emits if it keeps what the pooled
+          curve expects, plus its `catch_up`: seconds over the tokens the draft missed) is at most
+          PROBE_OVERHEAD of their seconds since the last drafting round (each round priced at its
+          own batch size; times the backoff): a request kept at tier 0 shows no acceptance, and
+          drafts improve, or a bad stretch of text ends;
         - never where the batch, keeping all it can (its budgets), would emit no more than tier
           0 in the probe's time: it could not pay, and spaced the next ones out (the synthetic
           pair's batch of 1 on CPU, at tier 0 after SGLang's warm-up request: a probe came at a
@@ -787,6 +789,8 @@ class AdaptiveDraftLength(DraftLengthPolicy):
         due = {}  # tier -> how many times over its probe is due
         bs = len(policies)
         zero = self.costs.cost(bs, 0, rows_of(0))  # a decode step's seconds
+        if not zero:
+            return None  # nothing to weigh the streak against: tier 0 runs, and is priced
         for tier, streak, backoff, keeps in candidates:
             break_even = self._break_even_of(bs, tier, rows_of)
             if break_even is None:
@@ -796,9 +800,9 @@ class AdaptiveDraftLength(DraftLengthPolicy):
             else:
                 behind = 0.0 if tier == HEAD else catch_up / zero  # the catch-up in decode steps
                 steps = math.ceil(max(break_even - 1 - keeps + behind, 0) / PROBE_OVERHEAD)  # the loss in decode steps
-            due[tier] = math.inf if new and tier != HEAD else streak / (max(steps, 1) * backoff)
+            due[tier] = math.inf if new and tier != HEAD else streak / zero / (max(steps, 1) * backoff)
         tier = max(due, key=due.get, default=None)  # the most overdue: one kind's probes never starve the other's
-        return tier if tier is not None and due[tier] >= 1 else None
+        return tier if tier is not None and due[tier] >= 1 - 1e-9 else None  # (a sum of prices against a product)
 
     def _catch_up_seconds(self, tokens: int) -> float:
         """Seconds a drafting round's catch-up over `tokens` takes, from the last catch-ups over a
@@ -870,9 +874,13 @@ class AdaptiveDraftLength(DraftLengthPolicy):
         self.costs.observe(len(reqs), tier, rows, draft_s, None if rest_s is None else rest_s / steps,
                            (draft_s or 0.0) + (rest_s or 0.0))  # fmt: skip
         self._kept = None
+        # the round's seconds at its batch size, for the probes' budgets (`_probe_due`): its price (a
+        # fixed table's too), else (its cells not counted yet) what it took
+        seconds = self.costs.cost(len(reqs), tier, rows, steps if tier == 0 else 1)
+        seconds = (draft_s or 0.0) + (rest_s or 0.0) if seconds is None else seconds
         if tier == 0:
-            self._zero_streak += steps
-            self._head_streak += steps
+            self._zero_streak += seconds
+            self._head_streak += seconds
             return
         curve, pooled = (self.head_acceptance, self.head_pooled) if tier == HEAD else (self.acceptance, self.pooled)
         emitted = []
@@ -888,8 +896,8 @@ class AdaptiveDraftLength(DraftLengthPolicy):
             self._kept = (tier, int(statistics.mean(emitted)) - 1)
         if tier == HEAD:  # a round that drafts nothing of PARSE's: the drafting probes' streak goes on
             self._head_backoff = 1 if paid else min(2 * self._head_backoff, PROBE_BACKOFF_MAX)
-            self._zero_streak += 1
-            self._head_streak = 0
+            self._zero_streak += seconds
+            self._head_streak = 0.0
             return
         exact = ~plan.judged  # what exact match keeps (what the verify's cut predicts): unjudged rounds
         self.calibration.observe(plan.confidence[exact], plan.draft_lens[exact], torch.tensor(result.lengths)[exact])
@@ -897,7 +905,7 @@ class AdaptiveDraftLength(DraftLengthPolicy):
             self._backoff = 1  # drafting paid for itself: a batch that falls to tier 0 next probes soon
         elif self._zero_streak:  # a round after tier 0 (a probe, or a new batch's) that did not: probes space out
             self._backoff = min(2 * self._backoff, PROBE_BACKOFF_MAX)
-        self._zero_streak = 0
+        self._zero_streak = 0.0
 
 
 def _emitted(alive: torch.Tensor, policies, k: int, going: Optional[torch.Tensor]) -> float:

@@ -877,6 +877,47 @@ def test_tier_zero_is_probed_again_at_a_bounded_cost_with_backoff():
     assert controller._backoff == 1
 
 
+def test_the_probes_budget_is_seconds_so_a_small_batchs_cheap_steps_do_not_pay_a_big_batchs_probe():
+    """A probe's loss is priced in its batch's decode steps, the budget that pays it in the seconds
+    of the tier-0 rounds since the last drafting round, each at its own batch size. A batch of 32,
+    whose decode step costs 4 of a batch of 1's, probes after as many seconds of anyone's rounds:
+    4x the steps where a batch of 1 ran them. Counted in steps of any size (the last version), the
+    batch of 1's cheap steps had paid for the batch of 32's probes one for one. Control: a batch of
+    32's steps pay for a batch of 1's probe four times over."""
+    scale = {1: 1.0, 8: 2.0, 32: 4.0}
+    costs = CostTable(
+        draft={(b, L): 0.002 * (L + 1) * k for b, k in scale.items() for L in TIERS},
+        rest={(b, L + 1): (0.02 + 1e-4 * (L + 1)) * k for b, k in scale.items() for L in TIERS},
+        fixed=True,
+    )
+
+    def server():
+        controller = AdaptiveDraftLength(TIERS, costs)
+        for _ in range(200):  # the server's requests keep nothing: only probes draft
+            controller.pooled.observe(4, 0)
+        return controller
+
+    keeps = server()._typical.expected(4, server().pooled)
+    steps = math.ceil((costs.cost(32, 4, 5) / costs.cost(32, 0, 1) - 1 - keeps) / PROBE_OVERHEAD)
+    assert steps == math.ceil((costs.cost(1, 4, 5) / costs.cost(1, 0, 1) - 1 - keeps) / PROBE_OVERHEAD)
+    small, big = [SimpleNamespace()], [SimpleNamespace() for _ in range(32)]
+    controller = server()
+    for _ in range(steps):
+        observe(controller, small, 0, [0])
+    assert controller._probe_due(policies(1), rows_of) == 4, "the batch of 1's own probe is due"
+    assert controller._probe_due(policies(32), rows_of) is None, "a quarter of the batch of 32's budget"
+    for _ in range(3 * steps - 1):
+        observe(controller, small, 0, [0])
+    assert controller._probe_due(policies(32), rows_of) is None
+    observe(controller, small, 0, [0])
+    assert controller._probe_due(policies(32), rows_of) == 4
+    controller = server()  # control: the batch of 32's steps
+    for _ in range(math.ceil(steps / 4)):
+        observe(controller, big, 0, [0] * 32)
+    assert controller._probe_due(policies(1), rows_of) == 4
+    assert controller._probe_due(policies(32), rows_of) is None
+
+
 def one_request_rounds(costs, keep: int, rounds: int, budget: int = 32, controller=None):
     """(controller, tiers): `rounds` choices for one request whose draft keeps `keep` of each
     round (within its tier), in a server whose pool says drafts keep nothing (a new one unless
@@ -999,13 +1040,14 @@ def test_a_drafting_tier_priced_from_another_bucket_is_not_measured_in_place_of_
     assert controller.choose(small, policies(15), rows_of, steps=4) == 0
     probe_after = None
     for n in range(1, 400):
-        observe(controller, small, 0, [0] * 15, steps=4)
+        observe(controller, small, 0, [0] * 15, 0.001, 4 * 0.335, steps=4)
         if controller.choose(small, policies(15), rows_of, steps=4) == 8:
             probe_after = n
             break
     keeps = controller.acceptance(SimpleNamespace()).expected(8, controller.pooled)
     loss = controller._break_even_of(15, 8, rows_of) - 1 - keeps  # in decode steps (no catch-up measured yet)
-    assert probe_after == math.ceil(math.ceil(loss / PROBE_OVERHEAD) / 4), (probe_after, loss)  # 4-step rounds
+    steps = controller.costs.cost(15, 0, 1, steps=4) / controller.costs.cost(15, 0, 1)  # a 4-step round's: ~4
+    assert probe_after == math.ceil(math.ceil(loss / PROBE_OVERHEAD) / steps), (probe_after, loss, steps)
 
 
 def test_a_drafting_tier_pays_its_catch_up_to_be_chosen_measured_or_not():
@@ -1066,12 +1108,14 @@ def test_where_requests_keep_their_drafts_a_request_at_tier_zero_probes_again_so
     for _ in range(4):
         observe(controller, req, 16, [0])  # the request's bad stretch
     tiers = []
-    for _ in range(16):
+    for _ in range(20):
         tiers.append(controller.choose(req, policies(1), rows_of, steps=4))
         observe(controller, req, tiers[-1], [min(1, tiers[-1])], steps=4 if tiers[-1] == 0 else 1)
     assert tiers[:2] == [0, 4], tiers  # the probe: after one tier-0 round
-    # each keeps 1 (2 tokens < ratio): the spacing doubles, 2, 4, 8, 16 decode steps (4 a round)
-    assert tiers[2:] == [0, 4, 0, 4, 0, 0, 4, 0, 0, 0, 0, 4, 0, 0], tiers
+    # each keeps 1 (2 tokens < ratio): the spacing doubles, 2, 4, 8, 16 decode steps' seconds, where a
+    # round of 4 steps costs 2.68 (its draft part once): 1, 2, 3 and 6 rounds
+    assert costs.cost(1, 0, 1, steps=4) / costs.cost(1, 0, 1) == pytest.approx(2.68, abs=0.01)
+    assert tiers[2:] == [0, 4, 0, 0, 4, 0, 0, 0, 4] + [0] * 6 + [4, 0, 0], tiers
     assert controller._backoff == 32
     # the next batch drafts and its round pays: the spacing starts over for its own bad stretches
     nxt = [SimpleNamespace()]
@@ -1111,7 +1155,7 @@ def test_a_new_batch_after_one_that_ended_at_tier_zero_runs_its_best_tier_not_a_
 def test_tier_zero_decode_steps_are_priced_per_step_and_pay_the_round_once():
     """A tier-0 round of k decode steps: its measured rest is kept per step (the one-row verify
     cell), it is priced as the round's fixed part plus k steps and valued at k tokens per request
-    (at most a request's budget + 1), and k steps count towards the next probe."""
+    (at most a request's budget + 1), and its price counts towards the next probe."""
     online = AdaptiveDraftLength((0, 4), CostTable())
     req = [SimpleNamespace()]
     zero = SimpleNamespace(draft_lens=torch.zeros(1, dtype=torch.int64))
@@ -1119,7 +1163,8 @@ def test_tier_zero_decode_steps_are_priced_per_step_and_pay_the_round_once():
         online.observe(req, 0, 1, zero, SimpleNamespace(lengths=[3]), draft_s=0.05, rest_s=0.04, steps=4)
     assert online.costs.rest[1, 1] == pytest.approx(0.01) and online.costs.draft[1, 0] == pytest.approx(0.05)
     assert online.costs.cost(1, 0, 1, steps=4) == pytest.approx(0.05 + 4 * 0.01)
-    assert online._zero_streak == 8
+    # the warm-up round, not counted, by what it took; the next by its price: 0.09 s each
+    assert online._zero_streak == pytest.approx(2 * 0.09)
     # a round's fixed part (0.05 s) outweighs a step (0.01 s): one step per round loses to tier 4
     # (the prior's 0.94 expected tokens over 72 ms), four steps per round win
     costs = CostTable(draft={(1, 0): 0.05, (1, 4): 0.06}, rest={(1, 1): 0.01, (1, 5): 0.012}, fixed=True)
@@ -1283,7 +1328,7 @@ def test_the_head_tier_has_its_own_cost_cells_and_acceptance(tmp_path):
     head_round(controller, reqs, [3, 1])
     assert reqs[1].parse.head_acceptance.expected(3, controller.head_pooled) < 2.5
     assert reqs[1].parse.acceptance.survival.reached == [], "a head round is no round of PARSE's draft"
-    assert controller._zero_streak == 1, "a head round drafts nothing of PARSE's: the drafting probes' streak goes on"
+    assert controller._zero_streak == pytest.approx(costs.cost(2, HEAD, 4)), "a head round drafts nothing of PARSE's"
     # without a head such a batch runs tier 0
     no_head = AdaptiveDraftLength(TIERS, costs)
     for _ in range(200):
