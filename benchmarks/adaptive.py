@@ -108,7 +108,8 @@ COLUMNS (--json: one object per row, gpu_serving's columns plus these)
   round_ms, decode_s          closed rows only (an open loop's requests do not start together)
   tokens_per_target_forward   output tokens / (one prefill + one forward per decode step or
                               verify pass, summed over the requests)
-  mean_L                      the mean draft length of the timed run's rounds (server counters)
+  mean_L                      the mean draft length of the timed run's rounds (server counters;
+                              `mean_L_runs`: every run's, in round order)
   outputs_equal               share of the outputs equal to target-only's (same pair, batch, load)
   equal_to_target_only        lossless rows: every output equals target-only's; else null
   parse_config                PARSE rows: the engine's ParseConfig (default rows: the defaults)
@@ -441,9 +442,10 @@ def measure_load(server, pair: gpu_serving.Pair, spec, batch: int, load: str, ra
 
 
 def median_run(spec: gpu_serving.EngineSpec, timed: list[dict]) -> dict:
-    """The run with the median tokens/s, every run's tokens/s (and open-loop latency) beside it."""
+    """The run with the median tokens/s, every run's tokens/s, mean L (and open-loop latency) beside it."""
     row = sorted(timed, key=lambda r: r["tokens_per_s"])[len(timed) // 2]
     row["tokens_per_s_runs"] = [r["tokens_per_s"] for r in timed]
+    row["mean_L_runs"] = [r["mean_L"] for r in timed]  # the median run's alone had shown 32 where 5 of 7 ran 8
     row["mean_latency_s_runs"] = [r["mean_latency_s"] for r in timed] if row["load"] == "open" else None
     row["lossless"] = spec.config is not None and not spec.config.judge
     row["parse_config"] = spec.config.to_dict() if spec.config else None
@@ -564,7 +566,7 @@ def merge(paths: list[str]) -> list[dict]:
     for first in runs[0]:
         same = [r for run in runs for r in run if key(r) == key(first)]
         row = dict(sorted(same, key=lambda r: r["tokens_per_s"])[len(same) // 2])
-        for measured in ("tokens_per_s", "mean_latency_s"):
+        for measured in ("tokens_per_s", "mean_L", "mean_latency_s"):
             values = [x for r in same for x in r.get(measured + "_runs") or [r.get(measured)]]
             row[measured + "_runs"] = values if any(v is not None for v in values) else None
         for ratio in (*RATIOS, LATENCY_RATIO):

@@ -268,7 +268,7 @@ def test_engines_take_turns_backwards_every_other_round(monkeypatch):
         return {
             "mode": spec.rows[0].mode,
             "tokens_per_s": 100.0 + len(served),
-            "mean_L": None,
+            "mean_L": float(len(served)),
             "load": load,
             "mean_latency_s": None,
         }
@@ -283,6 +283,7 @@ def test_engines_take_turns_backwards_every_other_round(monkeypatch):
     # a row's runs stay in round order whatever its place: engine 0, batch 1 ran 1st, 12th and 17th
     first = rows[0]
     assert (first["mode"], first["tokens_per_s_runs"]) == ("target_only", [101.0, 112.0, 117.0])
+    assert first["mean_L_runs"] == [1.0, 12.0, 17.0] and first["mean_L"] == 12.0  # every run's beside the median's
     assert [r["mode"] for r in rows] == ["target_only", "fixed", "fixed", "adaptive"] * 2
 
 
@@ -312,6 +313,7 @@ def test_merge_keeps_loads_apart_and_reads_old_runs(tmp_path, capsys):
     merged = bench.merge(files)
     assert [(r["load"], r["tokens_per_s"]) for r in merged] == [("closed", 100), ("open", 50)]  # median runs
     assert merged[0]["tokens_per_s_runs"] == [100, 80, 120] and merged[0]["mean_latency_s_runs"] is None
+    assert merged[0]["mean_L_runs"] == [4.0] * 3  # files without mean_L_runs: each file's own mean_L
     assert merged[1]["mean_latency_s_runs"] == [0, 1, 2] and merged[1]["latency_ratio_to_target_only"] == 1.5
     old = {k: v for k, v in row("target_only", None, "closed", [70]).items() if k != "load"}  # before --open-loop
     path = tmp_path / "old.jsonl"
