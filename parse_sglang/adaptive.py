@@ -871,14 +871,11 @@ class AdaptiveDraftLength(DraftLengthPolicy):
         """After a round (of `steps` verify passes: a tier-0 round's decode steps; HEAD: a head
         round): its costs (draft_s None: its draft part is no cost of its tier; rest_s None: its
         rest no cost either), the rest per pass, and each request's acceptance (host plan and result)."""
-        self.costs.observe(len(reqs), tier, rows, draft_s, None if rest_s is None else rest_s / steps,
-                           (draft_s or 0.0) + (rest_s or 0.0))  # fmt: skip
+        took = (draft_s or 0.0) + (rest_s or 0.0)
+        self.costs.observe(len(reqs), tier, rows, draft_s, None if rest_s is None else rest_s / steps, took)
         self._kept = None
-        # the round's seconds at its batch size, for the probes' budgets (`_probe_due`): its price (a
-        # fixed table's too), else (its cells not counted yet) what it took
-        seconds = self.costs.cost(len(reqs), tier, rows, steps if tier == 0 else 1)
-        seconds = (draft_s or 0.0) + (rest_s or 0.0) if seconds is None else seconds
         if tier == 0:
+            seconds = self._priced(len(reqs), tier, rows, steps, took)
             self._zero_streak += seconds
             self._head_streak += seconds
             return
@@ -896,7 +893,7 @@ class AdaptiveDraftLength(DraftLengthPolicy):
             self._kept = (tier, int(statistics.mean(emitted)) - 1)
         if tier == HEAD:  # a round that drafts nothing of PARSE's: the drafting probes' streak goes on
             self._head_backoff = 1 if paid else min(2 * self._head_backoff, PROBE_BACKOFF_MAX)
-            self._zero_streak += seconds
+            self._zero_streak += self._priced(len(reqs), tier, rows, 1, took)
             self._head_streak = 0.0
             return
         exact = ~plan.judged  # what exact match keeps (what the verify's cut predicts): unjudged rounds
@@ -906,6 +903,12 @@ class AdaptiveDraftLength(DraftLengthPolicy):
         elif self._zero_streak:  # a round after tier 0 (a probe, or a new batch's) that did not: probes space out
             self._backoff = min(2 * self._backoff, PROBE_BACKOFF_MAX)
         self._zero_streak = 0.0
+
+    def _priced(self, batch_size: int, tier: int, rows: int, steps: int, took: float) -> float:
+        """A round's seconds at its batch size, for the probes' budgets (`_probe_due`): its price
+        (a fixed table's too), else (its cells not counted yet) what it `took`."""
+        price = self.costs.cost(batch_size, tier, rows, steps)
+        return took if price is None else price
 
 
 def _emitted(alive: torch.Tensor, policies, k: int, going: Optional[torch.Tensor]) -> float:

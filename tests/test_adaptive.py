@@ -897,11 +897,11 @@ def test_the_probes_budget_is_seconds_so_a_small_batchs_cheap_steps_do_not_pay_a
             controller.pooled.observe(4, 0)
         return controller
 
-    keeps = server()._typical.expected(4, server().pooled)
+    controller = server()
+    keeps = controller._typical.expected(4, controller.pooled)
     steps = math.ceil((costs.cost(32, 4, 5) / costs.cost(32, 0, 1) - 1 - keeps) / PROBE_OVERHEAD)
     assert steps == math.ceil((costs.cost(1, 4, 5) / costs.cost(1, 0, 1) - 1 - keeps) / PROBE_OVERHEAD)
     small, big = [SimpleNamespace()], [SimpleNamespace() for _ in range(32)]
-    controller = server()
     for _ in range(steps):
         observe(controller, small, 0, [0])
     assert controller._probe_due(policies(1), rows_of) == 4, "the batch of 1's own probe is due"
