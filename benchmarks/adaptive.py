@@ -55,9 +55,12 @@ PAIRS
                not in the default --pairs; on CPU its engines run under mem_fraction_static 0.9
                (SGLang's KV check reads the machine's free memory: under 0.5 a third engine was
                refused; the pool is max_total_tokens either way); a PARSE engine of it holds 6-9
-               GB (its scheduler about 8 GB with the pool sized for batch 32), so a 23 GB machine
-               runs three engines at batch 1 and two where --batches reaches 32 (a third was
-               killed for memory in its warm-up)
+               GB (its scheduler about 8 GB with the pool sized for batch 32, 11 GB for --open-loop's
+               64 requests at batch 32), so a 23 GB machine runs two engines: three at batch 1
+               left 2 GB and a third where --batches reaches 32 was killed for memory in its
+               warm-up; two with --open-loop at batch 32 left 1.7 GB, and a machine that short of
+               page cache runs everything slower (target-only at batch 1: 1.7 tokens/s, 2.3 with
+               pools for 8 requests the same hour), so batch 1 runs apart from the open loop at 32
 Each engine serves each batch --warm-up-runs times in full before anything is timed (every
 engine alike: an adaptive engine measures its costs and the acceptance it pools there, as a
 server does in its first minutes; a request's own estimate starts afresh). Then --repeats
@@ -73,7 +76,8 @@ ONE BY ONE (--one-by-one N). A closed batch of 1 is one prompt: whatever that pr
 keeps and wherever its output ends, the best fixed L is chosen knowing it. With --one-by-one N,
 batch 1 also gets a run (load "one_by_one") of the first N prompts, each sent alone once the one
 before has finished: concurrency 1 over a population of prompts, paired round by round like the
-other loads.
+other loads. That is what a server at concurrency 1 serves, and benchmarks/README.md reads batch
+1's bar over it; the single prompt stays a row (a prompt unlike the population is a limit).
 
 OPEN LOOP (--open-loop). A closed batch sends every request at once and waits for all: the
 batch only shrinks. In serving, requests arrive while others run, so the batch changes both
