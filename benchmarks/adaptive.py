@@ -55,12 +55,12 @@ PAIRS
                not in the default --pairs; on CPU its engines run under mem_fraction_static 0.9
                (SGLang's KV check reads the machine's free memory: under 0.5 a third engine was
                refused; the pool is max_total_tokens either way); a PARSE engine of it holds 6-9
-               GB (its scheduler about 8 GB with the pool sized for batch 32, 11 GB for --open-loop's
-               64 requests at batch 32), so a 23 GB machine runs two engines: three at batch 1
-               left 2 GB and a third where --batches reaches 32 was killed for memory in its
-               warm-up; two with --open-loop at batch 32 left 1.7 GB, and a machine that short of
-               page cache runs everything slower (target-only at batch 1: 1.7 tokens/s, 2.3 with
-               pools for 8 requests the same hour), so batch 1 runs apart from the open loop at 32
+               GB (its scheduler 6 GB with pools for 8 requests, 8 GB for batch 32, 11 GB for
+               --open-loop's 64 requests at batch 32). A 23 GB machine runs two engines, and batch
+               1 apart from the open loop at 32: with less than ~2 GB left every engine runs slower
+               (target-only at batch 1: 1.7-1.9 tokens/s beside three engines, or beside two with
+               that open loop's pools; 2.0-4.0 beside one with pools for 8), and a third engine
+               where --batches reaches 32 was killed for memory in its warm-up
 Each engine serves each batch --warm-up-runs times in full before anything is timed (every
 engine alike: an adaptive engine measures its costs and the acceptance it pools there, as a
 server does in its first minutes; a request's own estimate starts afresh). Then --repeats
