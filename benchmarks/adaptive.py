@@ -2,7 +2,7 @@
 
     python benchmarks/adaptive.py [--pairs useless synthetic smollm2 qwen2.5-coder] [--steps 4 8 16 32]
         [--batches 1 8 32] [--modes target_only target_only_sync fixed adaptive default eagle3]
-        [--adaptive-tiers T ...] [--twin L] [--open-loop] [--one-by-one N] [--seed 0] [--max-new-tokens 64]
+        [--adaptive-tiers T ...] [--adaptive-budget L] [--twin L] [--open-loop] [--one-by-one N] [--seed 0] [--max-new-tokens 64]
         [--warm-up-runs 3] [--repeats 3]
         [--likelihood-threshold 0.05] [--json]
 
@@ -16,9 +16,9 @@ the 2-core CPU the tiny pairs' 7 engines before `default` took ~13 GB, SmolLM2's
   target_only_sync  the target alone with overlap scheduling off, as PARSE runs SGLang's
                scheduler: what a decode step costs without the overlap PARSE gives up
   fixed        PARSE at each L of --steps (one engine per L), adaptive off
-  adaptive     PARSE with `adaptive: true`, L = max(--steps), the default tiers (L = 32:
-               {0, 8, 32}; --adaptive-tiers: those and L), costs measured online (no cost table):
-               what a user gets from the flag
+  adaptive     PARSE with `adaptive: true`, L = --adaptive-budget (default max(--steps)), the
+               default tiers (L = 32: {0, 8, 32}; --adaptive-tiers: those and L), costs measured
+               online (no cost table): what a user gets from the flag
   default      PARSE with no PARSE settings at all (`--speculative-algorithm PARSE
                --speculative-draft-model-path D`, no --parse-config, no --speculative-num-steps):
                whatever the package's defaults are, the judge included, on every pair (where
@@ -272,7 +272,7 @@ def engines(args, pair: gpu_serving.Pair) -> list[gpu_serving.EngineSpec]:
             settings = dict(speculative_algorithm="PARSE", speculative_draft_model_path=pair.draft)
         else:
             tiers = dict(adaptive_tiers=args.adaptive_tiers) if L is None else {}
-            config = ParseConfig(draft_budget=L or max(args.steps), adaptive=L is None, **tiers, **judge)
+            config = ParseConfig(draft_budget=L or args.adaptive_budget, adaptive=L is None, **tiers, **judge)
             name = f"PARSE L={L}" if L else f"PARSE adaptive L<={config.draft_budget}"
             settings = parse_engine_kwargs(pair.draft, config)
         row = gpu_serving.RowSpec(mode, L)
@@ -628,6 +628,12 @@ def parse_args(argv=None):
         help="the adaptive engine's tiers, each below the largest --steps (default: the package's)",
     )
     parser.add_argument(
+        "--adaptive-budget",
+        type=int,
+        metavar="L",
+        help="the adaptive engine's L, its largest tier (default: the largest --steps): adaptive beside a fixed L below it",
+    )
+    parser.add_argument(
         "--twin",
         type=int,
         metavar="L",
@@ -662,14 +668,17 @@ def parse_args(argv=None):
                 parser.error(f"--{flag}={value} is invalid: allowed is one of {', '.join(allowed)}")
     if "target_only" not in args.modes:
         parser.error(f"--modes={' '.join(args.modes)} is invalid: allowed is a list with target_only (every ratio's)")
+    if args.adaptive_budget is None:
+        args.adaptive_budget = max(args.steps)
     for flag, values, low, high in (
         ("steps", args.steps, 1, 1024),
+        ("adaptive-budget", [args.adaptive_budget], 1, 1024),
         ("batches", args.batches, 1, 4096),
         ("warm-up-runs", [args.warm_up_runs], 0, 100),
         ("repeats", [args.repeats], 1, 100),
         ("max-new-tokens", [args.max_new_tokens], 2, 1 << 20),
         ("eagle3-steps", [args.eagle3_steps], 1, 32),
-        ("adaptive-tiers", args.adaptive_tiers, 0, max(args.steps) - 1),
+        ("adaptive-tiers", args.adaptive_tiers, 0, args.adaptive_budget - 1),
     ):
         for value in values:
             if not low <= value <= high:

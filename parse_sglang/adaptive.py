@@ -92,6 +92,11 @@ LONGER_MARGIN = 1.10
 HEAD = -1  # the tier of a head round (`eagle3_head`): the head's k drafts, a chain-only verify
 ENDED_KEPT = 128  # finished requests whose output lengths say where outputs end
 ENDED_PRIOR = 2.0  # requests' worth of an output that never ends, beside them
+# Tokens of each request's output ahead that a catch-up is spread over (`_catch_up_share`): once
+# caught up, the draft drafts on without one. Charged whole to its first round, a catch-up over a
+# prompt (the real pair at batch 1, CPU: 0.2-0.35 s on a ~1.25 s L = 8 round) kept 5 of 6 GSM
+# requests at tier 0 from first token to last, where fixed L = 4 ran 1.14x the target alone.
+CATCH_UP_HORIZON = 256
 
 
 def bucket(batch_size: int) -> int:
@@ -629,7 +634,9 @@ class AdaptiveDraftLength(DraftLengthPolicy):
         start = time.perf_counter()
         self._clock = {"start": start, "cold": self._last_end is not None and start - self._last_end > IDLE_S}
         self._policies = policies
-        going = self.ends.going([p.output_len for p in policies], max(self.tiers[-1], self.head_steps or 0, steps))
+        going = self.ends.going(
+            [p.output_len for p in policies], max(self.tiers[-1], self.head_steps or 0, steps, CATCH_UP_HORIZON)
+        )
         self._zero_steps = running_steps(going, steps)
         self._tier = tier = self._best_tier(reqs, policies, rows_of, self._zero_steps, going)
         self._break_even = self._break_even_of(len(reqs), tier, rows_of) if tier else None
@@ -691,19 +698,29 @@ class AdaptiveDraftLength(DraftLengthPolicy):
             # two rounds of 33 x 60 verify rows on the real pair (0.64x target-only over 96 tokens).
             first = next((t for t in self.tiers if t > 0), self.tiers[0])
             return first if first not in measured else self.tiers[0]
-        # A drafting round first catches the draft up over what the batch committed without it:
-        # priced in, measured tier or not. Unpriced, the real pair (CPU) ran L = 8 at batch 32 behind
-        # 8,192 tokens (~9 s) on batch 60's cells scaled down; and at batch 60, where L = 8 was
-        # measured and a drifting machine priced tier 0 up past it, behind 7,680 tokens (35 s for
-        # the round's ~470 tokens). Leaving tier 0 over a long stretch is a probe's (its loss bounded).
+        # A drafting round first catches the draft up over what the batch committed without it, and
+        # is priced with it: at a tier this bucket measured, with the share its tokens are of what
+        # the batch has left (`_catch_up_share`); at a tier priced from other cells, whole (that
+        # price is no evidence the rounds after it pay). Unpriced, the real pair (CPU) ran L = 8 at
+        # batch 32 behind 8,192 tokens (~9 s) on batch 60's cells scaled down; and at batch 60, where
+        # L = 8 was measured and a drifting machine priced tier 0 up past it, behind 7,680 tokens (35 s
+        # for the round's ~470 tokens: spread, still ~7 s on a ~2 s round). Charged whole to a measured
+        # tier, the catch-up over a prompt kept most of the real pair's requests at batch 1 at tier 0
+        # to their end. Leaving tier 0 over a long stretch is a probe's (its loss bounded).
         behind = sum(state_of(req).draft_behind for req in reqs)
         catch_up = self._catch_up_seconds(behind)
+        left = self._expected_tokens(0, reqs, policies, CATCH_UP_HORIZON, going) if catch_up else 0.0
+
+        def carried(tier: int, tokens: float) -> float:  # the catch-up's seconds a round at `tier` bears
+            return _catch_up_share(catch_up, tokens, left if tier in measured else 0.0) if tier > 0 else 0.0
+
         rates, seconds = {}, {}  # tier -> expected tokens per second, and seconds of its round
         for tier in self.tiers + ([HEAD] if self.head_steps else []):
             cost = self.costs.cost(bs, tier, self._rows(tier, rows_of), steps if tier == 0 else 1)
             if cost is not None and cost > 0:
-                seconds[tier] = cost + (catch_up if tier > 0 else 0.0)
-                rates[tier] = self._expected_tokens(tier, reqs, policies, steps, going) / seconds[tier]
+                tokens = self._expected_tokens(tier, reqs, policies, steps, going)
+                seconds[tier] = cost + carried(tier, tokens)
+                rates[tier] = tokens / seconds[tier]
         best = max(rates, key=lambda t: (rates[t], -t)) if rates else self.tiers[0]  # ties: the shorter tier
         shorter = [t for t in rates if 0 < t < best and LONGER_MARGIN * rates[t] >= rates[best]]
         best = max(shorter, key=lambda t: (rates[t], -t)) if shorter else best
@@ -716,7 +733,8 @@ class AdaptiveDraftLength(DraftLengthPolicy):
             tier, kept = self._kept
             cost = self.costs.cost(bs, tier, rows_of(tier))
             alive = (torch.arange(tier + 1) <= kept).double().expand(bs, -1)  # [bs, tier + 1]
-            if cost and _emitted(alive, policies, tier, going) / (cost + catch_up) > rates[0]:
+            emitted = _emitted(alive, policies, tier, going)
+            if cost and emitted / (cost + carried(tier, emitted)) > rates[0]:
                 return tier
         if best <= 0:  # a probe replaces a round that drafts nothing; it first catches up over what the draft missed
             first = next((t for t in self.tiers if t > 0), 0)
@@ -917,6 +935,14 @@ def _emitted(alive: torch.Tensor, policies, k: int, going: Optional[torch.Tensor
     can keep (`reach`), each weighed by `going` [bs, >= k + 1] (None: every one)."""
     reached = torch.arange(k + 1) <= torch.tensor([reach(p, k) for p in policies])[:, None]  # [bs, k + 1]
     return float((alive * reached * (1.0 if going is None else going[:, : k + 1])).sum())
+
+
+def _catch_up_share(catch_up: float, tokens: float, left: float) -> float:
+    """The seconds of a `catch_up` one drafting round bears: the share its `tokens` are of the
+    `left` tokens the batch is expected to emit within CATCH_UP_HORIZON (each request's budget,
+    weighed by where outputs end). The catch-up is paid once for every drafting round after it;
+    a round that emits all that is left bears it whole."""
+    return catch_up * min(1.0, tokens / left) if left > 0 else catch_up
 
 
 def running_steps(going: Optional[torch.Tensor], steps: int) -> int:

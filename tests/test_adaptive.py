@@ -1050,13 +1050,16 @@ def test_a_drafting_tier_priced_from_another_bucket_is_not_measured_in_place_of_
     assert probe_after == math.ceil(math.ceil(loss / PROBE_OVERHEAD) / steps), (probe_after, loss, steps)
 
 
-def test_a_drafting_tier_pays_its_catch_up_to_be_chosen_measured_or_not():
+def test_a_drafting_tier_pays_its_catch_up_whole_where_borrowed_and_its_share_where_measured():
     """A drafting round first catches the draft up over what the batch committed at tier 0, and
-    that is priced in. A tier this bucket has not measured (priced from other cells): behind the
-    real pair's 8,192 tokens at batch 32 it loses to tier 0, where its borrowed price alone beat
-    it by a third. A measured one alike: the real pair's batch of 60 (CPU) ran L = 8, measured,
-    behind 7,680 tokens once a drifting machine had priced tier 0 up past it, and its catch-up
-    took 35 s. Controls: with nothing behind, the same prices win, borrowed or measured."""
+    that is priced in. A tier this bucket has not measured (priced from other cells) bears it
+    whole: behind the real pair's 8,192 tokens at batch 32 it loses to tier 0, where its borrowed
+    price alone beat it twice over. A measured one bears the share its round's tokens are of
+    what the batch has left (the catch-up is paid once for every round after it): with 33 tokens
+    left a request, twice tier 0's rate pays back 6.8 s of catch-up (7.5 s + 6.8 s for the
+    batch's 1,056 tokens against tier 0's 14.9 s); with 9 left it does not (the real pair's batch
+    of 60 on CPU had run a measured L = 8 behind 7,680 tokens, 35 s for a round of ~470 tokens).
+    Controls: with nothing behind, the same prices win, borrowed or measured."""
     controller = AdaptiveDraftLength((0, 8), CostTable())
     batch, big = [SimpleNamespace() for _ in range(32)], [SimpleNamespace() for _ in range(60)]
     for _ in range(1 + EXPLORE_SAMPLES):  # bucket 32 ran tier 0 only; bucket 64 both
@@ -1076,19 +1079,21 @@ def test_a_drafting_tier_pays_its_catch_up_to_be_chosen_measured_or_not():
         }
 
     rates = rates_without_catch_up()
-    assert rates[8] / rates[0] > 1.2, rates  # unpriced, L = 8 wins outright
+    assert rates[8] / rates[0] > 1.9, rates  # unpriced, L = 8 wins outright
     assert controller.choose(batch, policies(32), rows_of, steps=4) == 8  # control: nothing behind
     for req in batch:
-        state_of(req).draft_behind = 256  # 8,192 tokens, ~9 s of catch-up
+        state_of(req).draft_behind = 256  # 8,192 tokens, ~6.8 s of catch-up
+    assert controller._catch_up_seconds(256 * 32) == pytest.approx(6153 * 0.0011)
     assert controller.choose(batch, policies(32), rows_of, steps=4) == 0
     for _ in range(1 + EXPLORE_SAMPLES):  # L = 8 measured at batch 32, at the same cost
         observe(controller, batch, 8, [3] * 32, controller.costs.cost(32, 8, rows_of(8)) - 1.0, 1.0)
     assert controller.costs.measured_tiers(32) == {0, 8}
-    assert rates_without_catch_up()[8] / rates[0] > 1.2  # without its catch-up it still wins outright
-    assert controller.choose(batch, policies(32), rows_of, steps=4) == 0
+    assert rates_without_catch_up()[8] / rates[0] > 1.9  # without its catch-up it still wins outright
+    assert controller.choose(batch, policies(32), rows_of, steps=4) == 8  # 33 tokens left a request
+    assert controller.choose(batch, policies(32, budget=8), rows_of, steps=4) == 0  # 9 left
     for req in batch:  # control: caught up (a probe's round), the measured tier drafts on
         state_of(req).draft_behind = 0
-    assert controller.choose(batch, policies(32), rows_of, steps=4) == 8
+    assert controller.choose(batch, policies(32, budget=8), rows_of, steps=4) == 8
 
 
 def test_where_requests_keep_their_drafts_a_request_at_tier_zero_probes_again_soon():

@@ -34,7 +34,7 @@ def pair(name="useless", prompts=20):
 def bench_args(**overrides):
     modes = [m for m in bench.MODES if m not in ("eagle3", "head")]  # they build the head: test_eagle3_engine...
     args = dict(modes=modes, steps=[4, 8], likelihood_threshold=0.05, batches=[1, 8], open_loop=True,
-                seed=0, max_new_tokens=4, eagle3_steps=3, cache_dir=None, one_by_one=0, adaptive_tiers=[], twin=None)  # fmt: skip
+                seed=0, max_new_tokens=4, eagle3_steps=3, cache_dir=None, one_by_one=0, adaptive_tiers=[], adaptive_budget=8, twin=None)  # fmt: skip
     return SimpleNamespace(**{**args, **overrides})
 
 
@@ -66,6 +66,9 @@ def test_default_engine_has_no_parse_settings_and_the_packages_config():
     assert fixed[0].settings["speculative_num_steps"] == 4
     adaptive = bench.engines(bench_args(adaptive_tiers=[0, 2, 4]), pair())[4]  # --adaptive-tiers
     assert adaptive.rows[0].mode == "adaptive" and adaptive.config.tiers == (0, 2, 4, 8)
+    adaptive = bench.engines(bench_args(adaptive_tiers=[0, 4, 8], adaptive_budget=32), pair())[4]  # beside L = 4, 8
+    assert (adaptive.config.draft_budget, adaptive.config.tiers) == (32, (0, 4, 8, 32))
+    assert adaptive.server_L == 32 and adaptive.rows[0].L is None
 
 
 def test_judged_pair_names_its_judge_and_modes_pick_engines():
@@ -97,6 +100,9 @@ def test_eagle3_engine_serves_the_distilled_head_on_headed_pairs(monkeypatch):
 def test_modes_and_open_loop_flags(capsys):
     args = bench.parse_args(["--modes", "target_only", "default", "default", "--open-loop", "--seed", "7"])
     assert (args.modes, args.open_loop, args.seed) == (["target_only", "default"], True, 7)
+    assert bench.parse_args(["--steps", "4", "8"]).adaptive_budget == 8  # the largest fixed L
+    args = bench.parse_args(["--steps", "4", "--adaptive-budget", "32", "--adaptive-tiers", "0", "4", "8"])
+    assert (args.steps, args.adaptive_budget, args.adaptive_tiers) == ([4], 32, [0, 4, 8])
     assert bench.parse_args([]).modes == list(bench.MODES) and "default" in bench.MODES
     for argv, message in (
         (["--modes", "default"], "--modes=default is invalid: allowed is a list with target_only"),
@@ -105,6 +111,11 @@ def test_modes_and_open_loop_flags(capsys):
             ["--steps", "8", "--adaptive-tiers", "0", "8"],
             "--adaptive-tiers=8 is invalid: allowed is an integer in [0, 7]",
         ),
+        (
+            ["--steps", "4", "--adaptive-budget", "8", "--adaptive-tiers", "0", "8"],
+            "--adaptive-tiers=8 is invalid: allowed is an integer in [0, 7]",
+        ),
+        (["--adaptive-budget", "0"], "--adaptive-budget=0 is invalid: allowed is an integer in [1, 1024]"),
     ):
         with pytest.raises(SystemExit):
             bench.parse_args(argv)
