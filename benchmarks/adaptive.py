@@ -625,7 +625,7 @@ def parse_args(argv=None):
         type=int,
         default=[],
         metavar="T",
-        help="the adaptive engine's tiers, each below the largest --steps (default: the package's)",
+        help="the adaptive engine's tiers, each below --adaptive-budget (default: the package's)",
     )
     parser.add_argument(
         "--adaptive-budget",

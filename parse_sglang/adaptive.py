@@ -634,9 +634,7 @@ class AdaptiveDraftLength(DraftLengthPolicy):
         start = time.perf_counter()
         self._clock = {"start": start, "cold": self._last_end is not None and start - self._last_end > IDLE_S}
         self._policies = policies
-        going = self.ends.going(
-            [p.output_len for p in policies], max(self.tiers[-1], self.head_steps or 0, steps, CATCH_UP_HORIZON)
-        )
+        going = self.ends.going([p.output_len for p in policies], max(self.tiers[-1], self.head_steps or 0, steps))
         self._zero_steps = running_steps(going, steps)
         self._tier = tier = self._best_tier(reqs, policies, rows_of, self._zero_steps, going)
         self._break_even = self._break_even_of(len(reqs), tier, rows_of) if tier else None
@@ -709,7 +707,10 @@ class AdaptiveDraftLength(DraftLengthPolicy):
         # to their end. Leaving tier 0 over a long stretch is a probe's (its loss bounded).
         behind = sum(state_of(req).draft_behind for req in reqs)
         catch_up = self._catch_up_seconds(behind)
-        left = self._expected_tokens(0, reqs, policies, CATCH_UP_HORIZON, going) if catch_up else 0.0
+        left = 0.0  # tokens the batch is expected to still emit, CATCH_UP_HORIZON ahead at most
+        if catch_up:  # only a round that catches up reads so far ahead
+            ahead = self.ends.going([p.output_len for p in policies], CATCH_UP_HORIZON)
+            left = self._expected_tokens(0, reqs, policies, CATCH_UP_HORIZON, ahead)
 
         def carried(tier: int, tokens: float) -> float:  # the catch-up's seconds a round at `tier` bears
             return _catch_up_share(catch_up, tokens, left if tier in measured else 0.0) if tier > 0 else 0.0
