@@ -17,7 +17,7 @@ the 2-core CPU the tiny pairs' 7 engines before `default` took ~13 GB, SmolLM2's
                scheduler: what a decode step costs without the overlap PARSE gives up
   fixed        PARSE at each L of --steps (one engine per L), adaptive off
   adaptive     PARSE with `adaptive: true`, L = --adaptive-budget (default max(--steps)), the
-               default tiers (L = 32: {0, 8, 32}; --adaptive-tiers: those and L), costs measured
+               default tiers (L = 32: {0, 4, 8, 16, 32}; --adaptive-tiers: those and L), costs measured
                online (no cost table): what a user gets from the flag
   default      PARSE with no PARSE settings at all (`--speculative-algorithm PARSE
                --speculative-draft-model-path D`, no --parse-config, no --speculative-num-steps):
@@ -457,9 +457,8 @@ def median_run(spec: gpu_serving.EngineSpec, timed: list[dict]) -> dict:
 
 
 def turn(engines: int, round_: int) -> list[int]:
-    """The engines' order in a round: as started, reversed every other round. A place in the turn
-    costs on a busy CPU: fixed L = 8's engine again, four places later, ran 0.86-0.98 of it
-    (medians of 11 rounds, benchmarks/README.md "The bar's control")."""
+    """The engines' order in a round: as started, reversed every other round (a place in the turn
+    costs on a busy CPU: one engine run twice, four places apart, ran 0.86-0.98 of itself)."""
     order = list(range(engines))
     return order[::-1] if round_ % 2 else order
 

@@ -49,7 +49,7 @@ MODES (--modes)
   (the three judge modes at every L of --judge-steps; accept and reject share one probe-judge
   engine, through per-request settings)
   parse_adaptive      PARSE, judge off, {"adaptive": true} at L = max(--steps): each round's L
-                      among the default tiers (L = 32: {0, 8, 32}), costs measured online
+                      among the default tiers (L = 32: {0, 4, 8, 16, 32}), costs measured online
                       (no cost table): what a user should run. Lossless. Always its own engine
                       (adaptive is server-wide, never a request's setting); its rounds are not
                       server_L + 1 draft steps, so it has no verify_ms and no gpu_cost prediction
@@ -723,6 +723,8 @@ def run_pair(args, pair: Pair, progress) -> list[dict]:
                     progress(
                         f"{pair.name}: {row.mode} L={row.L} batch {batch}: {rows[-1]['tokens_per_s']:.1f} tokens/s"
                     )
+                    # the measured row now (its derived columns come at the end): a run cut short keeps it
+                    progress("row " + json.dumps({k: v for k, v in rows[-1].items() if k != "output_ids"}))
     return rows
 
 

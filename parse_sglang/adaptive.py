@@ -3,15 +3,16 @@ settings and what it achieves are docs/adaptive.md.
 
 - `CostTable`: seconds of a round's draft part and of the rest, per (batch-size bucket, tier,
   verify rows), measured from the worker's own rounds or loaded from `profile_cost`.
-- `Acceptance` / `PooledAcceptance`: each request's survival curve of its accepted length, its
-  prior the server's pooled curve (one pair for PARSE's draft, one for an EAGLE-3 head's).
+- `Acceptance` / `PooledAcceptance`: each request's keep rate of a reached draft position, a
+  Beta posterior whose prior is the server's pooled rate (one pair for PARSE's draft, one for an
+  EAGLE-3 head's).
 - `Calibration`: P(a draft token is kept | the draft's confidence in it), over every request's
   unjudged rounds.
 - `OutputEnds`: where finished requests' outputs ended: a draft token past a request's end is
   worth nothing.
 - `AdaptiveDraftLength`: the `DraftLengthPolicy` choosing the tier with the most expected
-  tokens per second, probing out of tier 0 when a drafting round may pay again, and, once the
-  drafts are on the host, where their verify stops (`verify_length`). With an EAGLE-3 head
+  tokens per expected second, probing out of tier 0 within a bounded loss, and, once the drafts
+  are on the host, where their verify stops (`verify_length`). With an EAGLE-3 head
   (`eagle3_head`) the head tier `HEAD` is one more choice beside tier 0 and the drafting tiers,
   with its own cost cells and acceptance curves (docs/eagle3.md).
 """
@@ -38,65 +39,24 @@ from parse_sglang.target_phase import phase_room
 
 logger = logging.getLogger(__name__)
 
-DECAY = 0.6  # weight of the past, the prior included, per round of a request
+# Every constant of the controller, each with its meaning (docs/adaptive.md says why these values).
+DECAY = 0.9  # weight of the past, the prior included, per round of a request
 POOLED_DECAY = 0.98  # weight of the past, per request-round, of the server's pooled estimate
-PRIOR_WEIGHT = 2.0  # rounds' worth of the pooled estimate a new request starts with
+PRIOR_WEIGHT = 8.0  # positions' worth of the pooled rate a new request starts with
 PRIOR_WEIGHT_MIN = 0.05  # ... and what it keeps however long the request runs
+PRIOR_KEEP = 0.5  # the pooled keep rate of the first draft position before any round
 SAMPLES = 5  # a cost cell is the median of its last SAMPLES rounds (robust to a busy machine's spikes)
 EXPLORE_SAMPLES = 2  # rounds that make a tier's cost in a bucket measured (after its warm-up)
-EXPLORE_MARGIN = 0.95  # a tier priced from other cells is measured where it is this close to the best
-# A measured cell not sampled for STALE_ROUNDS rounds of its bucket is stale: its tier is measured
-# again where its rate is at least RECHECK_MARGIN of the best and what that round may lose against
-# the best is at most PROBE_OVERHEAD of the bucket's rounds' seconds since the cell's last sample;
-# its sample replaces the old ones. Otherwise a tier priced too high is never run, so never priced
-# right: in the synthetic pair's open loop at batch 8 (CPU), L = 8 at batch 4 kept its price from two
-# rounds of the server's first minute (63 and 68 ms) where its rounds take 47-51 ms, and the batch
-# ran L = 32 there (136-144 ms priced, 167-185 measured) in place of L = 8, 0.83x fixed L = 8 over
-# the run. Counted in the server's rounds, every cell of a bucket that other batch sizes had kept
-# busy went stale between two visits: the synthetic bar's closed batch of 8 re-checked L = 32 at its
-# first round and tier 0 at a later one in every run (its 32 rounds had been spent at batch 32 and
-# in open loops), and the L = 32 round left a straggler that ran alone at batch 1-2.
-STALE_ROUNDS = 32
-RECHECK_MARGIN = 0.75
-PRIOR_KEEP = 0.5  # the pooled keep rate of the first draft position before any round
-# What probes out of tier 0 may cost, as a share of the seconds of the rounds between them (each
-# priced at its own batch size). A server whose draft never pays runs at most this far below the
-# target alone for good (plus its start-up's exploration, once): at 5%, that budget alone is the
-# whole margin of a 0.95x bar. Counted in decode steps of any batch size, a batch of 1's cheap
-# steps had paid for a batch of 32's probes, each step for one of the bigger batch's.
-PROBE_OVERHEAD = 0.02
-PROBE_AFTER = 8  # decode steps of the batch between probes while a probe's cost is not known
-PROBE_BACKOFF_MAX = 32  # probes that keep finding nothing space out up to this factor
-# Requests the pooled curve must have heard from (each request's first drafting round) before it
-# alone keeps a new request from drafting, on a server that measures its costs online: one
-# request's text is no population. SGLang's warm-up request ("The capital city of France is", 8
-# tokens), of which the synthetic draft keeps 1, 0 and 0 in the start-up's exploration, had kept a
-# server of batch-1 requests at tier 0 through a whole benchmark run (0.94x target-only; L = 32 1.78x).
-POOL_HEARD = 4
-# A round that starts this long after the last one ended (the server idled, or ran a long prefill)
-# is no sample of its tier's cost. On the synthetic pair (CPU, batch 32), the first tier-0 round
-# after an idle server took 81-140 ms (median 114 of 8) where such a round takes 83 ms; with such
-# rounds in its cell, tier 0 was priced at 147 ms, and the batch ran L = 32 instead (828 ms for 403
-# tokens). A catch-up it held still prices catch-ups: a batch's first round after its prompts'
-# long prefill is where the draft first catches up over them.
-IDLE_S = 1.0
-# A longer drafting tier is chosen over a shorter one only where its expected rate is at least
-# LONGER_MARGIN times the shorter's. Its estimate errs more (more positions, fewer rounds reach
-# them), and its kept counts spread wider across the batch, which the rate does not price: the
-# synthetic pair's closed batch of 8 (CPU) chose L = 32 at 1.03x L = 8's rate, kept 32 for seven
-# requests and 14 for one, and ended with that one alone at batch 1-2. Without the margin (its
-# cells aging per bucket), it ran L = 32 first in five of six runs, 0.89x fixed L = 8's twin
-# (median); with it, L = 8 throughout in 9 of 11, 1.02x, and in a later run L = 32 again where its
-# measured rate beat L = 8's by more than the margin (benchmarks/README.md).
-LONGER_MARGIN = 1.10
-HEAD = -1  # the tier of a head round (`eagle3_head`): the head's k drafts, a chain-only verify
+PROBE_OVERHEAD = 0.02  # a probe out of tier 0 may lose this share of the seconds since its kind last ran
+PROBE_BACKOFF_MAX = 32  # ... divided by 2 for each probe in a row that did not pay, down to 1 / PROBE_BACKOFF_MAX
+CATCH_UP_HORIZON = 256  # tokens of each request's output ahead that a catch-up is spread over
 ENDED_KEPT = 128  # finished requests whose output lengths say where outputs end
 ENDED_PRIOR = 2.0  # requests' worth of an output that never ends, beside them
-# Tokens of each request's output ahead that a catch-up is spread over (`_catch_up_share`): once
-# caught up, the draft drafts on without one. Charged whole to its first round, a catch-up over a
-# prompt (the real pair at batch 1, CPU: 0.2-0.35 s on a ~1.25 s L = 8 round) kept 5 of 6 GSM
-# requests at tier 0 from first token to last, where fixed L = 4 ran 1.14x the target alone.
-CATCH_UP_HORIZON = 256
+CONFIDENCE_BINS = 10  # buckets of the draft's top-1 probability, [k/10, (k+1)/10)
+CONFIDENCE_DECAY = 0.995  # weight of the past per reached draft position, server-wide
+CALIBRATED = 64  # reached draft positions (decayed) the calibration needs before a verify is cut
+HEAD = -1  # the tier of a head round (`eagle3_head`): the head's k drafts, a chain-only verify
+DRAFTING = 1  # `_since`'s key of PARSE's drafting rounds (HEAD: of head rounds)
 
 
 def bucket(batch_size: int) -> int:
@@ -133,9 +93,8 @@ def _estimate(points_of, x: int, nearest: list) -> Optional[float]:
     """y at x from the first bucket of `nearest` (the batch's) or, where its points cannot
     estimate x, the nearest bucket's that can (points_of(bucket) -> {x: y}); where the batch's
     bucket holds one point, the other bucket's curve scaled to it: one cell gives the batch's
-    level, the fuller bucket the slope; where it holds none, the other bucket's `_scaled_down`.
-    Unscaled, batch 60's L = 8 round (5.4 s) priced the real pair's batches of 13-32 for the rest
-    of their run, and they never drafted."""
+    level, the fuller bucket the slope; where it holds none, the other bucket's `_scaled_down`
+    (unscaled, a large batch's round priced every smaller batch out of drafting for good)."""
     own = points_of(nearest[0])
     for b in nearest:
         points = points_of(b)
@@ -164,19 +123,13 @@ class CostTable:
     _samples: dict = field(default_factory=dict)  # (cells, key) -> [warm-up, the last SAMPLES seconds]
     _sizes: dict = field(default_factory=dict)  # (cells, key) -> the batch sizes of its counted samples
     _measured: set = field(default_factory=set)  # (cells, key) that have had EXPLORE_SAMPLES counted samples
-    _sampled: dict = field(default_factory=dict)  # (cells, key) -> (bucket, _rounds, _seconds there) at its last sample
-    _rounds: dict = field(default_factory=collections.Counter)  # bucket -> rounds observed
-    _seconds: dict = field(default_factory=lambda: collections.defaultdict(float))  # bucket -> their seconds
 
-    def observe(self, batch_size: int, tier: int, rows: int, draft_s: Optional[float], rest_s: Optional[float],
-                seconds: float = 0.0) -> None:  # fmt: skip
+    def observe(self, batch_size: int, tier: int, rows: int, draft_s: Optional[float], rest_s: Optional[float]) -> None:
         """A round's seconds: its draft part and the rest (None: no sample of that cell, though
-        it may be the cell's uncounted warm-up round); `seconds`: the whole round's (its bucket's clock)."""
+        it may be the cell's uncounted warm-up round)."""
         if self.fixed:
             return
         b = bucket(batch_size)
-        self._rounds[b] += 1
-        self._seconds[b] += seconds
         drafted = (self.head, b) if tier == HEAD else (self.draft, (b, tier))
         for cells, key, value in ((*drafted, draft_s), (self.rest, (b, rows), rest_s)):
             cell = (id(cells), key)
@@ -184,35 +137,22 @@ class CostTable:
             if value is None and samples:  # no sample of the tier's cost, unless as its warm-up round
                 continue
             sizes = self._sizes.setdefault(cell, collections.deque(maxlen=SAMPLES))
-            if self._stale(cell):  # its samples are no measure of the cell any more: this one replaces them
-                del samples[1:]
-                sizes.clear()
             samples.append(value)
             if len(samples) == 1:  # the warm-up round: not counted
                 continue
             del samples[1 : max(1, len(samples) - SAMPLES)]  # the warm-up marker and the last SAMPLES rounds
             cells[key] = statistics.median(samples[1:])
             sizes.append(batch_size)
-            self._sampled[cell] = (b, self._rounds[b], self._seconds[b])
             if len(samples) > EXPLORE_SAMPLES:
                 self._measured.add(cell)
-
-    def _stale(self, cell) -> bool:
-        """The cell's last counted sample is more than STALE_ROUNDS rounds of its bucket old."""
-        if cell not in self._sampled:
-            return False
-        b, rounds, _ = self._sampled[cell]
-        return self._rounds[b] - rounds > STALE_ROUNDS
 
     def _at(self, cells: dict, key, batch_size: int) -> float:
         """A measured cell's seconds at `batch_size`: its bucket's cell holds rounds of any size
         in the bucket, so between the mean size of its samples and that of the same cell in the
         neighbouring bucket on batch_size's side, the two cells' seconds interpolated (never
         beyond them); the cell itself where that neighbour has none (a loaded table's cells have
-        no sizes). Priced by its bucket's cell, a round low in its bucket had cost ~20% less than
-        priced and one high in it ~20% more, unequally per tier (each cell was measured at the
-        sizes its tier ran at): in the synthetic pair's open loop at batch 32 (CPU) L = 8 was
-        priced 25% dearer against L = 32 low in a bucket than it was, and L = 32 ran there."""
+        no sizes). Each cell is measured at the sizes its own tier ran at: by the bucket alone, two
+        tiers' prices at one batch size would be read at different sizes."""
         value, size = cells[key], self._mean_size(cells, key)
         if size is None or batch_size == size:
             return value
@@ -233,18 +173,15 @@ class CostTable:
         """Seconds of a round at this tier and verify rows (`steps` verify passes: a tier-0
         round's decode steps), from the batch's bucket or, where that cannot estimate it, the
         nearest bucket that can (the smaller on a tie: a tier priced low is tried, and so
-        measured; one priced high never is); None where no bucket can yet. Tier 0 (decode
-        steps) is priced from tier-0 rounds only, the nearest bucket's that ran one: drafting
-        rounds carry a draft chain, a judge and the drafts' trip that a decode step lacks, so
-        extrapolating their cells down to L = 0 and one row priced it at several times its cost.
-        The head tier is priced from head rounds, the nearest bucket's that ran one; before any
-        ran, as a tier-0 round of its rows (a head round's cheapest: a cost that lets it be tried).
-        Another bucket's cells are `_scaled_down` to the batch, every tier's alike.
-        Conversely, drafting rounds are never priced from tier-0 cells (L = 0, one row): a line
-        from a decode step's 0.6 ms through L = 4's 7.3 ms priced L = 32 at batch 1 at 76 ms where
-        it costs 40 (the synthetic pair on CPU), and its batch of 1 ran tier 0. A bucket with one
-        drafting cell takes the nearest fuller bucket's curve, scaled to that cell (`_estimate`).
-        The batch's own bucket's cells are read at its size (`_at`)."""
+        measured; one priced high never is); None where no bucket can yet.
+        - Tier 0 (decode steps) from tier-0 rounds only, the nearest bucket's that ran one: a
+          drafting round's fixed work (chain launch, the drafts' trip) is no part of a decode step.
+        - Drafting tiers from drafting cells (tier-0 cells only while no bucket holds two): a line
+          through a decode step's cell misprices long drafts. A bucket with one drafting cell takes
+          the nearest fuller bucket's curve, scaled to that cell (`_estimate`).
+        - The head tier from head rounds, the nearest bucket's; before any, as a tier-0 round of its
+          rows (its cheapest: a price that lets it be tried).
+        Another bucket's cells are `_scaled_down` to the batch; the batch's own are read at its size (`_at`)."""
         b = bucket(batch_size)
         nearest = sorted({bb for bb, _ in self.draft} | {bb for bb, _ in self.rest} | {b},
                          key=lambda bb: (abs(bb.bit_length() - b.bit_length()), bb))  # fmt: skip
@@ -287,13 +224,6 @@ class CostTable:
         (all of a loaded table's), HEAD among them."""
         return {tier for cell, tier in self._draft_cells(batch_size) if self.fixed or cell in self._measured}
 
-    def stale_tiers(self, batch_size: int) -> dict[int, float]:
-        """{tier: seconds of the bucket's rounds since its last sample} of the measured tiers whose
-        draft cost in this bucket is stale (`STALE_ROUNDS`; never a loaded table's)."""
-        b = bucket(batch_size)
-        return {tier: self._seconds[b] - self._sampled[cell][2]
-                for cell, tier in self._draft_cells(batch_size) if cell in self._measured and self._stale(cell)}  # fmt: skip
-
     def _draft_cells(self, batch_size: int) -> list:
         """[((cells, key), tier)] of the bucket's draft cells, the head's among them."""
         b = bucket(batch_size)
@@ -317,19 +247,30 @@ class CostTable:
         """A table `to_json` wrote (`profile_cost`), fixed; errors name the file and the problem."""
         try:
             raw = json.loads(Path(path).read_text())
+        except (OSError, ValueError) as err:
+            raise ValueError(
+                f"cost_table={path!r} is invalid ({type(err).__name__}: {err}): allowed is the JSON file "
+                "`python -m parse_sglang.profile_cost` writes"
+            ) from None
+        return cls.from_json(raw, f"cost_table={path!r}")
+
+    @classmethod
+    def from_json(cls, raw, origin: str) -> "CostTable":
+        """A fixed table from `to_json`'s dict; errors name `origin` and the problem."""
+        try:
             table = cls(
                 draft={(int(c["bucket"]), int(c["L"])): float(c["seconds"]) for c in raw["draft"]},
                 rest={(int(c["bucket"]), int(c["rows"])): float(c["seconds"]) for c in raw["rest"]},
                 head={int(c["bucket"]): float(c["seconds"]) for c in raw.get("head", ())},
                 fixed=True,
             )
-        except (OSError, ValueError, KeyError, TypeError) as err:
+        except (ValueError, KeyError, TypeError, AttributeError) as err:
             raise ValueError(
-                f"cost_table={path!r} is invalid ({type(err).__name__}: {err}): allowed is the JSON file "
+                f"{origin} is invalid ({type(err).__name__}: {err}): allowed is the JSON file "
                 "`python -m parse_sglang.profile_cost` writes"
             ) from None
         if not table.draft or not table.rest:
-            raise ValueError(f"cost_table={path!r} is invalid: it holds no measured cells")
+            raise ValueError(f"{origin} is invalid: it holds no measured cells")
         return table
 
     def describe(self) -> str:
@@ -341,49 +282,6 @@ class CostTable:
             head = f"; head draft ms {self.head[b] * 1e3:.1f}" if b in self.head else ""
             lines.append(f"batch <= {b}: draft ms [{draft}]; verify and the rest ms [{rest}]{head}")
         return "\n".join(lines) or "(no cell measured yet)"
-
-
-@dataclass
-class Survival:
-    """Decayed counts per draft position j = 1, 2, ...: of rounds that reached j (drafted it and
-    kept every token before it), and of those that kept j too. Both a request's curve and the
-    server's pooled one are `fade`d whole every round they observe (`Acceptance.observe`,
-    `PooledAcceptance.observe`): a request's text changes as it goes, and what no round reaches
-    any more must not outlive what the rounds do reach."""
-
-    reached: list = field(default_factory=list)
-    kept: list = field(default_factory=list)
-
-    def fade(self, factor: float) -> None:
-        """Every count times `factor`: the rounds seen so far weigh less than the next."""
-        self.reached = [factor * r for r in self.reached]
-        self.kept = [factor * k for k in self.kept]
-
-    def observe(self, drafted: int, accepted: int, weight: float = 1.0) -> None:
-        """A round that drafted `drafted` and kept `accepted`, counted as `weight` rounds."""
-        reach = min(accepted + 1, drafted)
-        missing = reach - len(self.reached)
-        if missing > 0:
-            self.reached += [0.0] * missing
-            self.kept += [0.0] * missing
-        for j in range(reach):
-            self.reached[j] += weight
-            self.kept[j] += weight * float(j < accepted)
-
-    def counts(self, j: int, prior: float, weight: float) -> tuple[float, float]:
-        """(kept, reached) of position j + 1, with `weight` rounds' worth of `prior` added."""
-        reached, kept = (self.reached[j], self.kept[j]) if j < len(self.reached) else (0.0, 0.0)
-        return kept + weight * prior, reached + weight
-
-    def keep_rate(self, j: int, prior: float, weight: float) -> float:
-        """P(position j + 1 is kept | it is reached): the ratio of its `counts`."""
-        kept, reached = self.counts(j, prior, weight)
-        return kept / reached
-
-
-CONFIDENCE_BINS = 10  # buckets of the draft's top-1 probability, [k/10, (k+1)/10)
-CONFIDENCE_DECAY = 0.995  # weight of the past per reached draft position, server-wide
-CALIBRATED = 64  # reached draft positions (decayed) the calibration needs before a verify is cut
 
 
 @dataclass
@@ -443,92 +341,69 @@ class Calibration:
 
 
 @dataclass
+class PooledAcceptance:
+    """The server's keep rate of a reached draft position, over every request's rounds: decayed
+    counts (POOLED_DECAY per request-round), PRIOR_KEEP one position's worth before any; a new
+    request's prior."""
+
+    longest: int  # the longest tier: every request's curve covers every tier
+    kept: float = PRIOR_KEEP
+    reached: float = 1.0
+    version: int = 0  # bumped by every observation: requests' curves made before are stale
+
+    def rate(self) -> float:
+        return self.kept / self.reached
+
+    def observe(self, drafted: int, accepted: int, weight: float = 1.0) -> None:
+        """A request-round that drafted `drafted` and kept `accepted` (its first min(accepted + 1,
+        drafted) positions reached), counted as `weight` rounds: the request's prior weight over its
+        first, so that a few long requests' many rounds do not outnumber the rest."""
+        self.kept = POOLED_DECAY * self.kept + weight * accepted
+        self.reached = POOLED_DECAY * self.reached + weight * min(accepted + 1, drafted)
+        self.version += 1
+
+
+@dataclass
 class Acceptance:
-    """A request's survival curve of accepted draft tokens, its prior the server's pooled one."""
+    """A request's keep rate r of a reached draft position, unknown, Beta(a, b): a (b) its kept
+    (rejected) positions decayed by DECAY per round, plus `prior_weight` positions' worth of the
+    pooled rate. A round of L keeps its j-th token with E[r^j] = prod_{i<j} (a + i) / (a + b + i):
+    the chance of a run, not the run of a mean chance (rounds that kept all they drafted value the
+    positions past them by their own evidence)."""
 
-    survival: Survival = field(default_factory=Survival)
-    prior_weight: float = PRIOR_WEIGHT  # rounds' worth of the pooled curve, aged with the request's own
-    _alive: list = field(default_factory=list)  # S(j) for j = 0 .. the longest tier, S(0) = 1
-    _sums: list = field(default_factory=list)  # E[accepted | L] for L = 0 .. the longest tier
-    _version: int = -1  # the pooled curve's version the sums were made with
+    kept: float = 0.0
+    rejected: float = 0.0
+    prior_weight: float = PRIOR_WEIGHT  # positions' worth of the pooled rate, aged with the request's own
+    _alive: list = field(default_factory=list)  # [1, S(1), ..., S(longest)]
+    _sums: list = field(default_factory=list)  # E[accepted | L] for L = 0 .. longest
+    _version: int = -1  # the pooled version the curve was made with
 
-    def expected(self, length: int, pooled: "PooledAcceptance") -> float:
-        """E[draft tokens accepted] of a round drafting `length` tokens: Σ_{j ≤ length} S(j),
-        S(j) the product of the keep rates up to j (made once per change of either curve). A
-        position beyond the furthest this request has reached (its frontier f) keeps at least
-        the rate of the one before it: rounds that kept all they drafted say nothing of what lies
-        beyond, and the pooled rate there (other requests' text) kept such a request at a short
-        tier. Every such position keeps at one unknown rate r, the frontier's, so the chance of
-        keeping k of them is E[r^k], not E[r]^k: with the frontier's counts (a kept of n reached,
-        its prior's share included) position f + k + 1 keeps at (a + k) / (n + k) once the k
-        before it were kept (Laplace's rule of succession; the positions up to f have rates of
-        their own, each its own evidence, and their means multiply). As E[r]^k, a request that
-        kept 8 of 8 in 3 rounds had its 32nd position valued at 0.37 of E[r^k]: the longer tiers
-        of a request that keeps all it drafts were undervalued while its own evidence was thin."""
+    def expected(self, length: int, pooled: PooledAcceptance) -> float:
+        """E[draft tokens accepted] of a round drafting `length` tokens: the sum of S(1..length)."""
         self._update(pooled)
         return self._sums[min(max(length, 0), len(self._sums) - 1)]
 
-    def alive(self, pooled: "PooledAcceptance") -> list:
+    def alive(self, pooled: PooledAcceptance) -> list:
         """[1, S(1), S(2), ...] up to the longest tier: the chance that each draft position is kept."""
         self._update(pooled)
         return self._alive
 
-    def _update(self, pooled: "PooledAcceptance") -> None:
+    def _update(self, pooled: PooledAcceptance) -> None:
         if self._version != pooled.version:
-            alive, rate, priors, f = [1.0], 0.0, pooled.keep_rates(), len(self.survival.reached)
-            if 0 < f <= len(priors):  # the frontier's counts, its prior's share included
-                kept, reached = self.survival.counts(f - 1, priors[f - 1], self.prior_weight)
-            for j, prior in enumerate(priors):
-                if 0 < f <= j:  # beyond the frontier: its rate, by succession (`expected`)
-                    prior = max(prior, rate, (kept + j - f) / (reached + j - f))
-                rate = self.survival.keep_rate(j, prior, self.prior_weight)
-                alive.append(alive[-1] * rate)
+            a = self.kept + self.prior_weight * pooled.rate()
+            b = self.rejected + self.prior_weight * (1.0 - pooled.rate())
+            alive = [1.0]
+            for i in range(pooled.longest):
+                alive.append(alive[-1] * (a + i) / (a + b + i))
             self._alive, self._sums = alive, [s - 1.0 for s in itertools.accumulate(alive)]
             self._version = pooled.version
 
     def observe(self, drafted: int, accepted: int) -> None:
-        """A round of the request: all it has seen so far, the prior included, ages by DECAY."""
-        self.survival.fade(DECAY)
+        """A round of the request: what it has seen so far, the prior included, ages by DECAY."""
+        self.kept = DECAY * self.kept + accepted
+        self.rejected = DECAY * self.rejected + float(accepted < drafted)
         self.prior_weight = max(DECAY * self.prior_weight, PRIOR_WEIGHT_MIN)
-        self.survival.observe(drafted, accepted)
         self._version = -1
-
-
-@dataclass
-class PooledAcceptance:
-    """The server's survival curve over every request's rounds: a new request's prior (and the
-    weight of evidence a request's own rounds must outweigh)."""
-
-    longest: int  # the longest tier: every request's sums cover every tier
-    survival: Survival = field(default_factory=Survival)
-    version: int = 0  # bumped by every observation: requests' sums made before are stale
-    _rates: tuple = (-1, [])
-
-    def keep_rates(self) -> list:
-        """Keep rates per position, each shrunk towards the one before it (one round's worth;
-        the first towards PRIOR_KEEP): a position no round reached keeps its predecessor's rate,
-        so that a tier longer than any run so far is valued by the rate seen furthest out."""
-        if self._rates[0] != self.version:
-            rates, prior = [], PRIOR_KEEP
-            for j in range(self.longest):
-                prior = self.survival.keep_rate(j, prior, 1.0)
-                rates.append(prior)
-            self._rates = (self.version, rates)
-        return self._rates[1]
-
-    def observe(self, drafted: int, accepted: int, weight: float = 1.0) -> None:
-        """A request-round, counted as `weight` rounds: the request's prior weight over its first
-        (1, 0.6, 0.36, ... down to PRIOR_WEIGHT_MIN / PRIOR_WEIGHT), so that the curve says what a
-        new request keeps. Counted alike, the slowest requests' many rounds outnumbered the rest:
-        the synthetic pair's closed batch of 32 ended in ~50 rounds of its few stragglers, and the
-        next request, a batch of 1 that keeps all of L = 32, started at L = 4 from them.
-        The whole curve ages by POOLED_DECAY per request-round, whatever its weight, positions this
-        round did not reach included: otherwise a failure seen further out than the rounds now
-        reach never ages, and prices the longer tiers out for good (one cause of the batch-1
-        lock-in at L = 8)."""
-        self.survival.fade(POOLED_DECAY)
-        self.survival.observe(drafted, accepted, weight)
-        self.version += 1
 
 
 @dataclass
@@ -572,32 +447,33 @@ class OutputEnds:
 
 
 class AdaptiveDraftLength(DraftLengthPolicy):
-    """The per-round tier choice and what it learns from (docs/adaptive.md)."""
+    """Each round, the tier with the most expected tokens per expected second (docs/adaptive.md):
+    tokens from each request's keep rate (`Acceptance`) within where outputs end (`OutputEnds`),
+    seconds from the cost table plus a drafting round's catch-up (`_catch_up_share`). Exploration
+    (`_explore`): the shortest drafting tier, then tier 0, until both are measured; after that a
+    probe out of tier 0 where what it may lose fits in PROBE_OVERHEAD of the seconds since that
+    kind of round last ran. With an EAGLE-3 head the tier HEAD is one more choice (docs/eagle3.md)."""
 
     per_round = True
 
-    def __init__(self, tiers: Sequence[int], costs: CostTable, head_steps: Optional[int] = None):
+    def __init__(self, tiers: Sequence[int], costs: CostTable, head_steps: Optional[int] = None,
+                 clock=time.perf_counter):  # fmt: skip
+        self.clock = clock  # seconds, what the round's costs are measured by (`parse_sglang.replay`: simulated)
         self.tiers = sorted(set(tiers))
         self.costs = costs
         self.pooled = PooledAcceptance(longest=self.tiers[-1])
         self.head_steps = head_steps  # k of an EAGLE-3 head (the tier HEAD); None: no head
         self.head_pooled = PooledAcceptance(longest=head_steps or 0)  # the head's pooled curve
-        self._zero_streak = 0.0  # seconds of tier-0 and head rounds since the last round that drafted (priced)
-        self._head_streak = 0.0  # seconds of tier-0 rounds since the last head round (priced)
-        self._backoff = 1  # probes out of tier 0 space out by this factor while they do not pay
-        self._head_backoff = 1  # ... and the head's probes out of tier 0
-        self._kept = None  # (tier, draft tokens a request kept) of the last round, if it drafted and paid
-        self._heard = 0  # requests whose drafting rounds the pooled curve has heard from
-        self._break_even = None  # tokens per request this round must emit to beat tier 0 in its time
-        self._typical = Acceptance()  # no rounds of its own: the pooled curve's expectations
-        self._clock = {}  # this round's host times at its crossings (its measured costs)
-        self._last_end = None  # when the last round ended (a round after an idle gap is no cost sample)
-        self._tier = 0  # this round's drafted tier (what its draft part cost)
-        self._zero_steps = 1  # the decode steps of this round were it tier 0 (`running_steps`)
         self.calibration = Calibration()  # P(kept | the draft's confidence), every request's rounds
         self.ends = OutputEnds()  # where the outputs of finished requests ended
+        self._since = {DRAFTING: 0.0, HEAD: 0.0}  # seconds of rounds (priced) since each kind last ran
+        self._backoff = {DRAFTING: 1, HEAD: 1}  # each kind's probes in a row that did not pay, as a factor
+        self._probe = None  # (kind, tokens it must emit to pay) of this round, if a probe
+        self._catch_ups = collections.deque(maxlen=SAMPLES)  # (batch size, tier, draft part s, tokens caught up)
+        self._clock = {}  # this round's times at its host crossings (its measured costs)
         self._policies = ()  # this round's RequestPolicy per request
-        self._catch_ups = {}  # bucket of tokens caught up -> the last SAMPLES (batch size, tier, draft part s, tokens)
+        self._tier = 0  # this round's tier
+        self._zero_steps = 1  # the decode steps of this round were it tier 0 (`running_steps`)
 
     @classmethod
     def of(cls, config) -> "AdaptiveDraftLength":
@@ -631,14 +507,12 @@ class AdaptiveDraftLength(DraftLengthPolicy):
         """The tier of this round (HEAD: a head round): reqs and their `RequestPolicy`s;
         rows_of(tier) -> the verify rows of the batch at a drafting tier; steps: the decode steps
         a tier-0 round of it would run."""
-        start = time.perf_counter()
-        self._clock = {"start": start, "cold": self._last_end is not None and start - self._last_end > IDLE_S}
-        self._policies = policies
+        self._clock = {"start": self.clock()}
+        self._policies, self._probe = policies, None
         going = self.ends.going([p.output_len for p in policies], max(self.tiers[-1], self.head_steps or 0, steps))
         self._zero_steps = running_steps(going, steps)
-        self._tier = tier = self._best_tier(reqs, policies, rows_of, self._zero_steps, going)
-        self._break_even = self._break_even_of(len(reqs), tier, rows_of) if tier else None
-        return tier
+        self._tier = self._best_tier(reqs, policies, rows_of, self._zero_steps, going)
+        return self._tier
 
     def decode_steps(self, steps: int) -> int:
         """A tier-0 round's decode steps: `choose`'s `running_steps` of the batch."""
@@ -690,244 +564,112 @@ class AdaptiveDraftLength(DraftLengthPolicy):
 
     def _best_tier(self, reqs, policies, rows_of, steps: int, going: Optional[torch.Tensor]) -> int:
         bs = len(reqs)
-        measured = self.costs.measured_tiers(bs)
-        if not self.costs.fixed and len(measured) < 2 and not self.costs.explored():
-            # The shortest drafting tier, then 0: the longest first had cost a fresh server at batch 60
-            # two rounds of 33 x 60 verify rows on the real pair (0.64x target-only over 96 tokens).
+        if not self.costs.fixed and not self.costs.explored():  # start-up: measure a drafting tier and tier 0
             first = next((t for t in self.tiers if t > 0), self.tiers[0])
-            return first if first not in measured else self.tiers[0]
-        # A drafting round first catches the draft up over what the batch committed without it, and
-        # is priced with it: at a tier this bucket measured, with the share its tokens are of what
-        # the batch has left (`_catch_up_share`); at a tier priced from other cells, whole (that
-        # price is no evidence the rounds after it pay). Unpriced, the real pair (CPU) ran L = 8 at
-        # batch 32 behind 8,192 tokens (~9 s) on batch 60's cells scaled down; and at batch 60, where
-        # L = 8 was measured and a drifting machine priced tier 0 up past it, behind 7,680 tokens (35 s
-        # for the round's ~470 tokens: spread, still ~7 s on a ~2 s round). Charged whole to a measured
-        # tier, the catch-up over a prompt kept most of the real pair's requests at batch 1 at tier 0
-        # to their end. Leaving tier 0 over a long stretch is a probe's (its loss bounded).
-        behind = sum(state_of(req).draft_behind for req in reqs)
-        catch_up = self._catch_up_seconds(behind)
+            return first if first not in self.costs.measured_tiers(bs) else self.tiers[0]
+        catch_up = self._catch_up_seconds(sum(state_of(req).draft_behind for req in reqs))
         left = 0.0  # tokens the batch is expected to still emit, CATCH_UP_HORIZON ahead at most
-        if catch_up:  # only a round that catches up reads so far ahead
+        if catch_up:
             ahead = self.ends.going([p.output_len for p in policies], CATCH_UP_HORIZON)
             left = self._expected_tokens(0, reqs, policies, CATCH_UP_HORIZON, ahead)
-
-        def carried(tier: int, tokens: float) -> float:  # the catch-up's seconds a round at `tier` bears
-            return _catch_up_share(catch_up, tokens, left if tier in measured else 0.0) if tier > 0 else 0.0
-
-        rates, seconds = {}, {}  # tier -> expected tokens per second, and seconds of its round
+        tokens, seconds = {}, {}
         for tier in self.tiers + ([HEAD] if self.head_steps else []):
             cost = self.costs.cost(bs, tier, self._rows(tier, rows_of), steps if tier == 0 else 1)
             if cost is not None and cost > 0:
-                tokens = self._expected_tokens(tier, reqs, policies, steps, going)
-                seconds[tier] = cost + carried(tier, tokens)
-                rates[tier] = tokens / seconds[tier]
-        best = max(rates, key=lambda t: (rates[t], -t)) if rates else self.tiers[0]  # ties: the shorter tier
-        shorter = [t for t in rates if 0 < t < best and LONGER_MARGIN * rates[t] >= rates[best]]
-        best = max(shorter, key=lambda t: (rates[t], -t)) if shorter else best
-        if best == 0 and self._kept is not None and 0 in rates:
-            # The last round drafted and paid: what it kept is this batch's latest evidence. Valued as
-            # any tier (budgets, where outputs end, the catch-up, its cost), again where it beats tier 0.
-            # Else a request's own rounds outweigh a pooled curve that SGLang's warm-up request set
-            # only after ~4 rounds (its prior's weight), and probes came ~250 decode steps apart (the
-            # synthetic pair, batch 1).
-            tier, kept = self._kept
-            cost = self.costs.cost(bs, tier, rows_of(tier))
-            alive = (torch.arange(tier + 1) <= kept).double().expand(bs, -1)  # [bs, tier + 1]
-            emitted = _emitted(alive, policies, tier, going)
-            if cost and emitted / (cost + carried(tier, emitted)) > rates[0]:
-                return tier
-        if best <= 0:  # a probe replaces a round that drafts nothing; it first catches up over what the draft missed
-            first = next((t for t in self.tiers if t > 0), 0)
-            new = (  # one that can draft in it: each such round hears from one at least, so at most POOL_HEARD come
-                not self.costs.fixed
-                and self._heard < POOL_HEARD
-                and any(not self.acceptance(r).survival.reached and reach(p, first) for r, p in zip(reqs, policies))
-            )
-            probe = self._probe_due(policies, rows_of, best, catch_up, new)
-            if probe is not None:
-                return probe
-        # A tier priced from other cells that comes close to the best: measure it here. Not a drafting
-        # tier in place of tier 0: its round first catches the draft up over every token the batch
-        # committed without it (the real pair, CPU: 5,440 tokens at batch 16, ~6 s), priced above at
-        # the least it can cost (nothing before a catch-up was measured), so a rate within the margin
-        # is no sign it pays; a probe (above), its loss bounded by PROBE_OVERHEAD, leaves tier 0. Nor in
-        # a round that catches up: its draft part is no sample of the tier (`drafts_on_host`), which
-        # stays unmeasured and is explored again: the synthetic pair's closed batches of 8 (CPU), their
-        # prefills' drafts deferred, explored L = 32 at each batch's first round, three visits in a row
-        # without a sample.
-        drafts_sampled = best > 0 and not behind  # a drafting tier here is a sample of its draft part
-        close = [
-            t
-            for t in rates
-            if t not in measured and rates[t] >= EXPLORE_MARGIN * rates[best] and (t <= 0 or drafts_sampled)
-        ]
-        # A measured tier whose price went stale, and may be too high: measured again where that may lose
-        # little (`STALE_ROUNDS`): its round less the best tier's time for as many tokens. Not a drafting
-        # tier in place of tier 0 (probes leave it, their loss bounded alike), nor in a catch-up.
-        close += [
-            t
-            for t, since in self.costs.stale_tiers(bs).items()
-            if t in rates and t != best and (t <= 0 or drafts_sampled) and rates[t] >= RECHECK_MARGIN * rates[best]
-            and seconds[t] * (1 - rates[t] / rates[best]) <= PROBE_OVERHEAD * since
-        ]  # fmt: skip
-        return max(close, key=lambda t: (rates[t], -t)) if close and not self.costs.fixed else best
+                tokens[tier] = self._expected_tokens(tier, reqs, policies, steps, going)
+                seconds[tier] = cost + (_catch_up_share(catch_up, tokens[tier], left) if tier > 0 else 0.0)
+        if not tokens:
+            return self.tiers[0]
+        rate = {t: tokens[t] / seconds[t] for t in tokens}
+        best = max(rate, key=lambda t: (rate[t], -t))  # ties: the shorter tier
+        return best if best > 0 else self._explore(best, rate, tokens, seconds)
 
-    def _probe_due(self, policies, rows_of, best: int = 0, catch_up: float = 0.0, new: bool = False) -> Optional[int]:
-        """A probe, in place of a round that drafts nothing (tier 0, or a head round: `best`) for
-        the batch of `policies`: the shortest drafting tier
-        - at once where `new`: the batch has a request that has not drafted and can, and the pooled curve
-          that keeps it from drafting has heard from fewer than POOL_HEARD requests (with costs
-          measured online: the start-up's exploration goes on to the first requests' acceptance);
-        - once such rounds have run long enough that the loss of one round of it (its cost in
-          the batch's decode steps less the tokens per request it emits if it keeps what the pooled
-          curve expects, plus its `catch_up`: seconds over the tokens the draft missed) is at most
-          PROBE_OVERHEAD of their seconds since the last drafting round (each round priced at its
-          own batch size; times the backoff): a request kept at tier 0 shows no acceptance, and
-          drafts improve, or a bad stretch of text ends;
-        - never where the batch, keeping all it can (its budgets), would emit no more than tier
-          0 in the probe's time: it could not pay, and spaced the next ones out (the synthetic
-          pair's batch of 1 on CPU, at tier 0 after SGLang's warm-up request: a probe came at a
-          request's last 2 tokens, kept both and, emitting 3 where about 6 paid, doubled the spacing).
-        The catch-up grows with the stretch: where it alone costs more than PROBE_OVERHEAD of the
-        decode steps it follows, no probe is due while the stretch is within the catch-ups
-        measured (the real pair on CPU, batch 60: 66 ms of catch-up per 0.61 s decode step; its
-        probes, each over the whole stretch, had lost ~8% of the server's time); past the
-        largest, its price stays what that one took (`_catch_up_seconds`). From tier 0 a head
-        round is probed the same way (its own streak and backoff, nothing to catch up)."""
-        drafting = [t for t in self.tiers if t > 0]
-        candidates = []
-        if self.tiers[0] == 0 and drafting:
-            candidates.append(
-                (drafting[0], self._zero_streak, self._backoff, self._typical.expected(drafting[0], self.pooled))
-            )
-        if best == 0 and self.head_steps:
-            candidates.append(
-                (HEAD, self._head_streak, self._head_backoff, self._typical.expected(self.head_steps, self.head_pooled))
-            )
-        due = {}  # tier -> how many times over its probe is due
-        bs = len(policies)
-        zero = self.costs.cost(bs, 0, rows_of(0))  # a decode step's seconds
-        if not zero:
-            return None  # nothing to weigh the streak against: tier 0 runs, and is priced
-        for tier, streak, backoff, keeps in candidates:
-            break_even = self._break_even_of(bs, tier, rows_of)
-            if break_even is None:
-                steps = PROBE_AFTER
-            elif sum(1 + reach(p, self.head_steps if tier == HEAD else tier) for p in policies) <= bs * break_even:
-                continue  # kept whole, it could not pay
-            else:
-                behind = 0.0 if tier == HEAD else catch_up / zero  # the catch-up in decode steps
-                steps = math.ceil(max(break_even - 1 - keeps + behind, 0) / PROBE_OVERHEAD)  # the loss in decode steps
-            due[tier] = math.inf if new and tier != HEAD else streak / zero / (max(steps, 1) * backoff)
-        tier = max(due, key=due.get, default=None)  # the most overdue: one kind's probes never starve the other's
-        return tier if tier is not None and due[tier] >= 1 - 1e-9 else None  # (a sum of prices against a product)
+    def _explore(self, best: int, rate: dict, tokens: dict, seconds: dict) -> int:
+        """In place of a round that drafts nothing of PARSE's (tier 0, or HEAD: `best`), a probe of
+        the shortest drafting tier (or, from tier 0, of the head) where what it may lose against
+        `best` for its expected tokens fits in PROBE_OVERHEAD of the seconds since that kind of
+        round last ran, over its backoff (doubled by each probe in a row that did not pay): a
+        request at tier 0 shows no acceptance, and a draft's text gets better."""
+        probes = [(DRAFTING, next((t for t in self.tiers if t > 0), None))] + ([(HEAD, HEAD)] if best == 0 else [])
+        for kind, tier in probes:
+            loss = seconds[tier] - tokens[tier] / rate[best] if tier in seconds else math.inf  # seconds
+            if loss <= PROBE_OVERHEAD * self._since[kind] / self._backoff[kind]:
+                self._probe = (kind, rate[best] * seconds[tier])  # the tokens it must beat
+                return tier
+        return best
 
     def _catch_up_seconds(self, tokens: int) -> float:
-        """Seconds a drafting round's catch-up over `tokens` takes, from the last catch-ups over a
-        count nearest to it (`bucket`s of tokens: the smaller on a tie): the median of what each
-        took (its draft part less its tier's measured one) times min(1, tokens / its count), the
-        least that fixed work plus work per token can cost. A catch-up priced low is run, and so
-        measured; one priced high never is. Per token from a small one, the synthetic pair's
-        batch of 32 (CPU) priced its prompts' catch-up, ~13 ms, at 0.56 s from batch 1's 21 tokens
-        at 0.45 ms each, and never drafted. 0 until one is known, and with a loaded table (its
-        cells are no measure of this run's chain)."""
+        """Seconds of a catch-up over `tokens`: a line (fixed + per token) through the last catch-ups'
+        seconds beyond their tier's measured draft part, or with one size known, that catch-up's
+        seconds times min(1, tokens / its size) (the least a line through it can give); 0 before any,
+        and with a loaded table (its cells are no measure of this run's draft part)."""
         if self.costs.fixed or not tokens:
             return 0.0
-        extras = {}  # count bucket -> [(seconds beyond its tier's draft part, tokens)]
-        for b, samples in self._catch_ups.items():
-            known = [(max(seconds - self.costs.draft[bucket(bs), tier], 0.0), count)
-                     for bs, tier, seconds, count in samples if (bucket(bs), tier) in self.costs.draft]  # fmt: skip
-            if known:
-                extras[b] = known
-        if not extras:
+        points = [(count, max(seconds - self.costs.draft[bucket(bs), tier], 0.0))
+                  for bs, tier, seconds, count in self._catch_ups if (bucket(bs), tier) in self.costs.draft]  # fmt: skip
+        if not points:
             return 0.0
-        nearest = min(extras, key=lambda b: (abs(b.bit_length() - bucket(tokens).bit_length()), b))
-        return statistics.median(extra * min(1.0, tokens / count) for extra, count in extras[nearest])
-
-    def _caught_up(self, batch_size: int, tier: int, seconds: float, tokens: int) -> None:
-        """A round at `tier` whose draft part (`seconds`) held a catch-up over `tokens` tokens."""
-        samples = self._catch_ups.setdefault(bucket(tokens), collections.deque(maxlen=SAMPLES))
-        samples.append((batch_size, tier, seconds, tokens))
-
-    def _break_even_of(self, bs: int, tier: int, rows_of) -> Optional[float]:
-        """Tokens per request a round at `tier` must emit to beat tier 0's decode steps in its
-        time: its cost in decode steps (None while either cost is unknown)."""
-        zero, cost = self.costs.cost(bs, 0, rows_of(0)), self.costs.cost(bs, tier, self._rows(tier, rows_of))
-        return cost / zero if zero and cost else None
+        counts = [c for c, _ in points]
+        if len(set(counts)) < 2:
+            return statistics.median(extra * min(1.0, tokens / count) for count, extra in points)
+        slope, intercept = statistics.linear_regression(counts, [e for _, e in points])
+        return max(intercept + slope * tokens, 0.0)
 
     def drafts_on_host(self, caught_up: int = 0) -> None:
         """The round's drafts reached the host: its draft part ends here (`choose` started it);
         caught_up > 0: that part is no sample of its tier's cost (`Draft.caught_up`: it held a
-        catch-up over that many tokens the draft missed) but one of what a catch-up over as many
-        costs (`_catch_up_seconds`). A deferred prefill's catch-up (the draft over whole prompts) had added 13 ms
-        to a 39 ms L = 8 draft part at batch 32 (the synthetic pair on CPU), and a closed batch's
-        first round is the one that pays it: priced from it, L = 8 went from 66 to 81 ms a round and
-        the batch of 32 ran L = 4."""
-        self._clock.setdefault("drafts", time.perf_counter())
+        catch-up over that many tokens the draft missed) but one of what a catch-up costs."""
+        self._clock.setdefault("drafts", self.clock())
         self._clock.setdefault("caught_up", caught_up)
 
     def after_round(self, reqs, window, result, steps: int) -> None:
-        """`observe` with the round's times from the controller's clock (the result is on the host);
-        a round after an idle gap (`IDLE_S`) is no sample of its tier's draft part or its rest."""
+        """`observe` with the round's times from the controller's clock (the result is on the host)."""
         self.ends.observe_round(self._policies, result)
-        start, drafts, caught_up = self._clock["start"], self._clock["drafts"], self._clock["caught_up"]
-        cold, end = self._clock["cold"], time.perf_counter()
+        start, drafts, caught_up, end = (
+            self._clock["start"],
+            self._clock["drafts"],
+            self._clock["caught_up"],
+            self.clock(),
+        )
         if caught_up:
-            self._caught_up(len(reqs), self._tier, drafts - start, caught_up)
-        draft_s = None if caught_up or cold else drafts - start
-        rest_s = None if cold else end - drafts
-        self.observe(reqs, self._tier, window.shape.rows, window.plan, result, draft_s, rest_s, steps)
-        self._last_end = time.perf_counter()
+            self._catch_ups.append((len(reqs), self._tier, drafts - start, caught_up))
+        self.observe(reqs, self._tier, window.shape.rows, window.plan, result, None if caught_up else drafts - start,
+                     end - drafts, steps)  # fmt: skip
 
     def server_state(self) -> dict:
         stopped = sum(stop for _, stop in self.ends.finished)
         return {"cost_table": self.costs.to_json(),
                 "output_ends": {"stopped": stopped, "cut": len(self.ends.finished) - stopped}}  # fmt: skip
 
-    def observe(self, reqs, tier: int, rows: int, plan, result, draft_s: Optional[float], rest_s: Optional[float],
+    def observe(self, reqs, tier: int, rows: int, plan, result, draft_s: Optional[float], rest_s: float,
                 steps: int = 1) -> None:  # fmt: skip
         """After a round (of `steps` verify passes: a tier-0 round's decode steps; HEAD: a head
-        round): its costs (draft_s None: its draft part is no cost of its tier; rest_s None: its
-        rest no cost either), the rest per pass, and each request's acceptance (host plan and result)."""
-        took = (draft_s or 0.0) + (rest_s or 0.0)
-        self.costs.observe(len(reqs), tier, rows, draft_s, None if rest_s is None else rest_s / steps, took)
-        self._kept = None
+        round): its costs (draft_s None: its draft part is no cost of its tier), the rest per
+        pass, the seconds since each kind of round last ran, and each request's acceptance."""
+        self.costs.observe(len(reqs), tier, rows, draft_s, rest_s / steps)
+        price = self.costs.cost(len(reqs), tier, rows, steps)  # (priced: a busy machine's spike counts as usual)
+        for kind in self._since:
+            self._since[kind] += price if price is not None else (draft_s or 0.0) + rest_s
         if tier == 0:
-            seconds = self._priced(len(reqs), tier, rows, steps, took)
-            self._zero_streak += seconds
-            self._head_streak += seconds
             return
+        kind = HEAD if tier == HEAD else DRAFTING
+        self._since[kind] = 0.0
+        if self._probe is not None:  # a probe that did not pay spaces the next one out
+            paid = sum(1 + a for a, n in zip(result.lengths, plan.draft_lens.tolist()) if n) > self._probe[1]
+            self._backoff[kind] = 1 if paid else min(2 * self._backoff[kind], PROBE_BACKOFF_MAX)
+        else:
+            self._backoff[kind] = 1
         curve, pooled = (self.head_acceptance, self.head_pooled) if tier == HEAD else (self.acceptance, self.pooled)
-        emitted = []
         for req, drafted, accepted in zip(reqs, plan.draft_lens.tolist(), result.lengths):
             if drafted:
                 own = curve(req)
-                self._heard += tier != HEAD and not own.survival.reached  # the request's first drafting round
                 pooled.observe(drafted, accepted, own.prior_weight / PRIOR_WEIGHT)  # (its weight before this round)
                 own.observe(drafted, accepted)
-                emitted.append(1 + accepted)
-        paid = emitted and statistics.mean(emitted) > (self._break_even or 1.0)
-        if paid and tier != HEAD and self._break_even is not None:  # (a known price only)
-            self._kept = (tier, int(statistics.mean(emitted)) - 1)
-        if tier == HEAD:  # a round that drafts nothing of PARSE's: the drafting probes' streak goes on
-            self._head_backoff = 1 if paid else min(2 * self._head_backoff, PROBE_BACKOFF_MAX)
-            self._zero_streak += self._priced(len(reqs), tier, rows, 1, took)
-            self._head_streak = 0.0
-            return
-        exact = ~plan.judged  # what exact match keeps (what the verify's cut predicts): unjudged rounds
-        self.calibration.observe(plan.confidence[exact], plan.draft_lens[exact], torch.tensor(result.lengths)[exact])
-        if paid:
-            self._backoff = 1  # drafting paid for itself: a batch that falls to tier 0 next probes soon
-        elif self._zero_streak:  # a round after tier 0 (a probe, or a new batch's) that did not: probes space out
-            self._backoff = min(2 * self._backoff, PROBE_BACKOFF_MAX)
-        self._zero_streak = 0.0
-
-    def _priced(self, batch_size: int, tier: int, rows: int, steps: int, took: float) -> float:
-        """A round's seconds at its batch size, for the probes' budgets (`_probe_due`): its price
-        (a fixed table's too), else (its cells not counted yet) what it `took`."""
-        price = self.costs.cost(batch_size, tier, rows, steps)
-        return took if price is None else price
+        if tier != HEAD:
+            exact = ~plan.judged  # what exact match keeps (what the verify's cut predicts): unjudged rounds
+            self.calibration.observe(
+                plan.confidence[exact], plan.draft_lens[exact], torch.tensor(result.lengths)[exact]
+            )
 
 
 def _emitted(alive: torch.Tensor, policies, k: int, going: Optional[torch.Tensor]) -> float:

@@ -29,6 +29,19 @@ class RequestState:
     draft_behind: int = 0  # committed tokens whose draft KV tier-0 rounds skipped (draft_chain.py)
 
 
+@dataclass(frozen=True)
+class RequestPolicy:
+    """What a round needs to know about one request (resolved on the host, O(1) each)."""
+
+    config: ParseConfig
+    budget: int  # draft tokens worth writing (L, capped by the output left)
+    judged: bool  # the judge may extend this request's acceptance (its config says how)
+    stop_ids: frozenset  # token ids that end the output (EOS, stop_token_ids); empty: ignore_eos
+    phase: Optional[list] = None  # tokens of its target phase so far (target_phase.py); None: not in one
+    left: Optional[int] = None  # output tokens it may still emit (max_new_tokens); None: no limit
+    output_len: int = 0  # output tokens it has emitted
+
+
 def state_of(req) -> RequestState:
     """`req.parse`, made on first use."""
     state = getattr(req, "parse", None)

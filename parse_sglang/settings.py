@@ -32,21 +32,21 @@ DEFAULT_DELIMITERS = ("\n", ". ", "? ", "! ")
 AFTER_REJECTION_POLICIES = ("redraft", "target_to_delimiter")
 VERIFY_WINDOWS = ("auto", "fixed", "variable")
 JUDGE_MODES = ("probe", "likelihood", "both")
-TIER_RATIO = 4  # the default adaptive tiers: L, L / 4, L / 16, ... while at least TIER_RATIO, and 0
+SHORTEST_TIER = 4  # the default adaptive tiers: 0, and L, L / 2, L / 4, ... while at least SHORTEST_TIER
 
 
 def default_tiers(length: int) -> tuple[int, ...]:
-    """An adaptive server's tiers at draft budget L = `length`: 0, and L divided by TIER_RATIO
-    while it stays at least TIER_RATIO (L = 32: {0, 8, 32}; 16: {0, 4, 16}; 8: {0, 8}). Few
-    tiers, far apart: every tier is a cost cell per batch-size bucket to measure, and the
-    controller takes the best of estimates that err, so near-equal tiers mostly add error; on
-    the synthetic pair {0, 8, 32} ran 1.01-1.18x the ladder {0, 4, 8, 16, 32} over 16 prompts one
-    by one and closed batches of 8 and 32, paired in one run (benchmarks/README.md, docs/adaptive.md)."""
+    """An adaptive server's tiers at draft budget L = `length`: 0, and L halved while it stays at
+    least SHORTEST_TIER (L = 32: {0, 4, 8, 16, 32}; 8: {0, 4, 8}; 2: {0, 2}). Chosen by exact
+    replay over every trace, machine and load (docs/adaptive.md): {0, 8, 32} lost up to 20% where
+    the best fixed L was 4 or 16."""
     tiers, tier = [0], length
-    while tier >= TIER_RATIO:
+    while True:
         tiers.append(tier)
-        tier //= TIER_RATIO
-    return tuple(sorted(tiers))
+        tier //= 2
+        if tier < SHORTEST_TIER:
+            break
+    return tuple(sorted(set(tiers)))
 
 
 @dataclass(frozen=True)
@@ -72,7 +72,7 @@ class ParseConfig:
     adaptive: each round's L chosen among `adaptive_tiers` by measured cost and the acceptance
         seen (parse_sglang/adaptive.py); off: every round drafts L. Server-wide.
     adaptive_tiers: the draft lengths an adaptive server chooses among (0: plain decode steps);
-        empty: `default_tiers(L)`, L = 32: {0, 8, 32}. Server-wide.
+        empty: `default_tiers(L)`, L = 32: {0, 4, 8, 16, 32}. Server-wide.
     tier0_steps: the plain decode steps one tier-0 round runs back to back on the device (at
         most L + 1 and the batch's longest output left; 1 where a step's token must reach the
         host before the next is sampled: grammar, penalties, logprobs). Server-wide.

@@ -25,7 +25,7 @@ from sglang.srt.managers.schedule_batch import FINISH_ABORT
 from parse_sglang.attention.window import FullMaskBuffer, ShapeConstants, WindowShape
 from parse_sglang.boundaries import TokenTexts, select_boundaries
 from parse_sglang.packing import fields_of, pack, unpack
-from parse_sglang.request_state import ResolvedRequest, state_of
+from parse_sglang.request_state import RequestPolicy, ResolvedRequest, state_of
 from parse_sglang.settings import ParseConfig, request_outputs, request_parse_config
 from parse_sglang.target_phase import in_target_phase, phase_limit
 from parse_sglang.verify_input import ParseVerifyInput
@@ -52,19 +52,6 @@ def resolve_request(req, server: ParseConfig) -> ResolvedRequest:
             stops.add(req.tokenizer.eos_token_id)
     state.resolved = ResolvedRequest(config, outputs, frozenset(stops))
     return state.resolved
-
-
-@dataclass(frozen=True)
-class RequestPolicy:
-    """What a round needs to know about one request (resolved on the host, O(1) each)."""
-
-    config: ParseConfig
-    budget: int  # draft tokens worth writing (L, capped by the output left)
-    judged: bool  # the judge may extend this request's acceptance (its config says how)
-    stop_ids: frozenset  # token ids that end the output (EOS, stop_token_ids); empty: ignore_eos
-    phase: Optional[list] = None  # tokens of its target phase so far (target_phase.py); None: not in one
-    left: Optional[int] = None  # output tokens it may still emit (max_new_tokens); None: no limit
-    output_len: int = 0  # output tokens it has emitted
 
 
 def request_policy(req, server: ParseConfig) -> RequestPolicy:

@@ -1,5 +1,6 @@
 """The adaptive draft length's parts without SGLang (parse_sglang/adaptive.py): the measured cost
-table, the acceptance estimates, the tier choice, and its settings refused by name."""
+table, the acceptance estimates, the tier choice and its exploration, and its settings refused by
+name. How the controller does over whole traces against every fixed L is tests/test_replay.py's."""
 
 from __future__ import annotations
 
@@ -14,27 +15,23 @@ import torch
 
 from conftest import load_benchmark
 from parse_sglang.adaptive import (
+    DECAY,
+    DRAFTING,
     ENDED_PRIOR,
-    OutputEnds,
-    EXPLORE_MARGIN,
     EXPLORE_SAMPLES,
     HEAD,
-    IDLE_S,
-    LONGER_MARGIN,
-    POOL_HEARD,
-    PROBE_BACKOFF_MAX,
+    PRIOR_WEIGHT,
     PROBE_OVERHEAD,
-    RECHECK_MARGIN,
     SAMPLES,
-    STALE_ROUNDS,
     Acceptance,
     AdaptiveDraftLength,
     CostTable,
+    OutputEnds,
+    PooledAcceptance,
     bucket,
     running_steps,
 )
 from parse_sglang.profile_cost import main as profile_cost_main
-from parse_sglang.request_state import state_of
 from parse_sglang.settings import ParseConfig, server_parse_config
 
 TIERS = (0, 4, 8, 16, 32)
@@ -79,48 +76,19 @@ def observe(controller, reqs, tier: int, accepted: list[int], draft_s: float = 0
     controller.observe(reqs, tier, rows_of(tier), plan, SimpleNamespace(lengths=accepted), draft_s, rest_s, steps)
 
 
-def test_draft_length_policies_fixed_and_adaptive():
-    """The worker asks one policy every round: fixed L (no TP broadcast, nothing shown), or the
-    adaptive controller, whose `after_round` learns the round and times it with its own clock."""
-    from parse_sglang.draft_length import FixedDraftLength
-
-    fixed = FixedDraftLength(8)
-    assert not fixed.per_round and fixed.server_state() == {}
-    assert fixed.choose([SimpleNamespace()], policies(1), rows_of, steps=4) == 8
-    adaptive = AdaptiveDraftLength.of(ParseConfig(draft_budget=8, adaptive=True))
-    assert adaptive.per_round and adaptive.tiers == [0, 8]
-    req = SimpleNamespace()
-    tier = adaptive.choose([req], policies(1, budget=8), rows_of, steps=4)
-    assert tier == 8  # nothing measured: the shortest drafting tier first
-    adaptive.drafts_on_host()
-    assert getattr(req, "parse", None) is None  # nothing learnt of the request before its round ends
-    plan = SimpleNamespace(
-        draft_lens=torch.tensor([8]), confidence=torch.full((1, 8), 0.9), judged=torch.tensor([False])
-    )
-    window = SimpleNamespace(shape=SimpleNamespace(draft_len=8, rows=9), plan=plan)
-    adaptive.after_round([req], window, SimpleNamespace(lengths=[5], emitted=[[7] * 9]), steps=1)
-    assert req.parse.acceptance.prior_weight < Acceptance().prior_weight  # the request's own curve saw the round
-    assert not adaptive.ends.finished  # 6 of its 9 tokens left: still running
-    assert sum(adaptive.calibration.reached) == pytest.approx(6, abs=0.1)  # and the calibration: 6 reached, 5 kept
-    assert adaptive.server_state()["cost_table"] == adaptive.costs.to_json()
-
-
-def test_bucket_is_next_power_of_two():
-    assert [bucket(b) for b in (1, 2, 3, 4, 5, 8, 9, 32, 33)] == [1, 2, 4, 4, 8, 8, 16, 32, 64]
-
-
-def timed_round(controller, req, draft_s: float, caught_up: int = 0, idle_s: float = 0.0) -> None:
+def timed_round(controller, req, draft_s: float, caught_up: int = 0) -> None:
     """One round of `req` at L = 4 through the controller's own clock (choose, drafts on the host,
-    after_round): its draft part took draft_s, it caught up over `caught_up` tokens, and the
-    server had idled idle_s seconds before it."""
-    if controller._last_end is not None:
-        controller._last_end -= idle_s
+    after_round): its draft part took draft_s and it caught up over `caught_up` tokens."""
     assert controller.choose([req], policies(1), rows_of, steps=4) == 4
     controller._clock["start"] -= draft_s
     controller.drafts_on_host(caught_up=caught_up)
     window = SimpleNamespace(shape=SimpleNamespace(rows=5), plan=SimpleNamespace(
         draft_lens=torch.tensor([4]), confidence=torch.ones(1, 4), judged=torch.tensor([False])))  # fmt: skip
     controller.after_round([req], window, SimpleNamespace(lengths=[4], emitted=[[7] * 5]), steps=1)
+
+
+def test_bucket_is_next_power_of_two():
+    assert [bucket(b) for b in (1, 2, 3, 4, 5, 8, 9, 32, 33)] == [1, 2, 4, 4, 8, 8, 16, 32, 64]
 
 
 def test_cost_table_skips_warm_up_takes_medians_and_interpolates():
@@ -241,48 +209,6 @@ def test_a_round_that_caught_up_is_no_sample_of_its_tier(cpu_runtime, monkeypatc
         assert controller._catch_up_seconds(2) == (0.0 if priced else pytest.approx(0.06 * 2 / 3, rel=0.2))
 
 
-def test_a_round_after_the_server_idled_is_no_cost_sample():
-    """The first round after a gap of more than IDLE_S (an idle server, a long prefill) is no
-    sample of its draft part or its rest: it paid what waking up costs (1.37x its steady cost at
-    batch 32, synthetic pair, CPU). A catch-up it held still prices catch-ups (a batch's first
-    round after its prompts' prefill is where the draft catches up over them). The warm-up round
-    and the rounds after it count. Control: the same slow round without the gap counts."""
-    for idle in (False, True):
-        controller, req = AdaptiveDraftLength([4], CostTable()), SimpleNamespace()
-        for _ in range(3):  # the warm-up, then two counted rounds
-            timed_round(controller, req, 0.02)
-        draft = controller.costs._samples[id(controller.costs.draft), (1, 4)]  # [warm-up, counted seconds]
-        rest = controller.costs._samples[id(controller.costs.rest), (1, 5)]
-        assert len(draft) == len(rest) == 3
-        timed_round(controller, req, 0.5, idle_s=2 * IDLE_S if idle else 0.0)  # a slow round
-        timed_round(controller, req, 0.5, caught_up=7, idle_s=2 * IDLE_S if idle else 0.0)  # one that caught up
-        assert (len(draft), len(rest)) == ((3, 3) if idle else (4, 5))
-        assert max(draft[1:]) == pytest.approx(0.02 if idle else 0.5, rel=0.2)
-        assert controller._catch_up_seconds(7) == pytest.approx(0.48, rel=0.2)  # either way
-        timed_round(controller, req, 0.02)  # the round after: counted again
-        assert (len(draft), len(rest)) == ((4, 4) if idle else (5, 6))
-
-
-def test_a_catch_up_is_priced_from_the_catch_ups_nearest_in_size_never_per_token_from_a_smaller_one():
-    """A catch-up is one draft extend: fixed work plus work per token. Priced per token from a
-    small one, the synthetic pair's batch of 32 (CPU) priced its prompts' 1,253 tokens from batch
-    1's 21 at 0.45 ms each, 0.56 s against a ~20 ms round, and never drafted. Now: from the
-    catch-ups nearest in count, at least what they took over more tokens, in proportion over
-    fewer. Control: a catch-up of that size, once measured, prices its neighbours."""
-    controller = AdaptiveDraftLength((0, 8), CostTable())
-    for _ in range(1 + EXPLORE_SAMPLES):
-        controller.costs.observe(1, 8, 9, 0.020, 0.01)
-        controller.costs.observe(32, 8, 9, 0.040, 0.05)
-    controller._caught_up(1, 8, 0.020 + 0.0095, 21)  # 9.5 ms over 21 tokens: 0.45 ms a token
-    assert controller._catch_up_seconds(1253) == pytest.approx(0.0095)  # not 1253 x 0.45 ms = 0.57 s
-    assert controller._catch_up_seconds(7) == pytest.approx(0.0095 / 3)
-    controller._caught_up(32, 8, 0.040 + 0.013, 1253)  # the batch of 32's prompts: 13 ms
-    assert controller._catch_up_seconds(1100) == pytest.approx(0.013 * 1100 / 1253)
-    assert controller._catch_up_seconds(5000) == pytest.approx(0.013)
-    assert controller._catch_up_seconds(16) == pytest.approx(0.0095 * 16 / 21)  # the small one still
-    assert controller._catch_up_seconds(0) == 0.0
-
-
 def test_tier_zero_is_priced_from_tier_zero_rounds_not_from_drafting_rounds():
     """A bucket that never ran tier 0 prices it (a decode step: no draft chain, one verify row)
     from the nearest bucket's tier-0 rounds: extrapolating its drafting rounds' cells down to
@@ -340,61 +266,6 @@ def test_drafting_rounds_are_not_priced_from_decode_steps():
     assert table.cost(1, 32, 33) == pytest.approx(0.0640 * 0.0073 / 0.0105 + 0.0117 * 0.0040 / 0.0070)
     assert table.cost(1, 0, 1, steps=4) == pytest.approx(0.0006 + 4 * 0.0023)
     assert table.cost(1, 4, 5) == pytest.approx(0.0073 + 0.0040)
-
-
-def test_expected_acceptance_is_the_sum_of_the_survival_curve():
-    controller = AdaptiveDraftLength(TIERS, linear_costs())
-    req = SimpleNamespace()
-    est = controller.acceptance(req)
-    assert est.expected(3, controller.pooled) == pytest.approx(0.5 + 0.25 + 0.125)  # the prior: keep rate 1/2
-    assert est.expected(0, controller.pooled) == 0.0
-    for _ in range(40):  # every round drafts 8 and keeps exactly 4, and so does a new request's first
-        observe(controller, [req, SimpleNamespace()], 8, [4, 4])
-    # (the request's last rounds outweigh its prior, aged down to PRIOR_WEIGHT_MIN rounds)
-    expected = [est.expected(L, controller.pooled) for L in (2, 4, 8, 32)]
-    assert expected[0] == pytest.approx(2, rel=0.02) and expected[1] == pytest.approx(4, rel=0.02)
-    assert expected[2] == pytest.approx(4, rel=0.02), "position 5 is reached and never kept"
-    assert expected[3] == pytest.approx(expected[2], abs=0.01)
-    # positions no round of the request reached keep the pooled prior: a fresh request sees the pool
-    fresh = controller.acceptance(SimpleNamespace())
-    assert fresh.expected(4, controller.pooled) == pytest.approx(4, abs=0.2)
-    assert fresh.expected(32, controller.pooled) < 4.5
-    for _ in range(40):
-        observe(controller, [req], 16, [16])
-    long_rounds = est.expected(16, controller.pooled)
-    assert long_rounds > 15.5  # its own rounds, not the pool (which remembers the rounds that stopped at 4)
-    observe(controller, [req], 16, [2])  # one miss at position 3 pulls every longer length down
-    assert est.expected(16, controller.pooled) < long_rounds - 3
-    assert est.expected(2, controller.pooled) == pytest.approx(2, rel=0.01)
-    # a request's text changes as it goes: rounds that stop at 4 age what the long ones saw
-    # further on, until the request values those positions as the server's requests keep them
-    for _ in range(20):
-        observe(controller, [req], 4, [4])
-    pooled = controller.acceptance(SimpleNamespace()).expected(16, controller.pooled)
-    assert est.expected(16, controller.pooled) == pytest.approx(pooled, rel=0.1)
-    assert pooled < long_rounds - 2
-
-
-def test_a_new_request_starts_from_what_requests_keep_in_their_first_rounds():
-    """The pooled curve counts a request's rounds by its prior's weight in it (1, 0.6, 0.36, ...):
-    the synthetic pair's closed batch of 32 ended in ~50 rounds of its few stragglers, and the
-    next request, a batch of 1 that keeps all of L = 32, started at L = 4 from them. Here 32
-    requests keep all 32 in their first two rounds, then 3 stragglers run 20 rounds each keeping
-    6 of 32: a new request starts at L = 32. Control: the same rounds counted alike (the pool
-    before) start it at L = 8."""
-    controller = AdaptiveDraftLength(TIERS, linear_costs())
-    batch = [SimpleNamespace() for _ in range(32)]
-    for _ in range(2):
-        observe(controller, batch, 32, [32] * 32)
-    for _ in range(20):
-        observe(controller, batch[:3], 32, [6] * 3)
-    assert controller.choose([SimpleNamespace()], policies(1), rows_of) == 32
-    alike = AdaptiveDraftLength(TIERS, linear_costs())
-    for _ in range(2 * 32):
-        alike.pooled.observe(32, 32)
-    for _ in range(20 * 3):
-        alike.pooled.observe(32, 6)
-    assert alike.choose([SimpleNamespace()], policies(1), rows_of) == 8
 
 
 def test_output_ends_are_a_product_limit_estimate_of_finished_lengths():
@@ -469,75 +340,6 @@ def test_tier_zero_rounds_stop_where_the_batch_more_likely_ended():
         assert controller.decode_steps(4) == steps and controller.decode_steps(1) == 1
 
 
-def test_a_request_that_stops_keeping_its_drafts_leaves_long_tiers_at_once():
-    """A bad stretch of text in a server whose requests keep nearly every draft token: the
-    request's last rounds decide against the pooled prior (with the first version's slow ageing,
-    DECAY = 0.8 and a prior that never aged, a request that kept 14 of 32 and then 1 of 21 stayed
-    at L = 16 and 8 for five more rounds of 0-2 tokens, measured on the synthetic pair; that
-    ageing, in this test, runs 8, 4, 4, 4, 4)."""
-    controller = AdaptiveDraftLength(TIERS, linear_costs(step_s=0.003, verify_s=0.005))
-    for _ in range(200):  # the server: every round keeps what it drafts
-        controller.pooled.observe(16, 16)
-    req = SimpleNamespace()
-    assert controller.choose([req], policies(1), rows_of) >= 16  # L = 32 pays by less than LONGER_MARGIN here
-    observe(controller, [req], 32, [14])
-    observe(controller, [req], 32, [1])
-    chosen = []
-    for accepted in (2, 0, 1, 1, 0):
-        chosen.append(controller.choose([req], policies(1), rows_of))
-        if chosen[-1]:
-            observe(controller, [req], chosen[-1], [min(accepted, chosen[-1])])
-    assert chosen[0] <= 8 and chosen[1] <= 4 and chosen[2:] == [0] * 3, chosen
-
-
-def test_a_request_that_keeps_everything_at_a_short_tier_is_not_locked_in():
-    """The batch-1 lock-in on the synthetic pair (L = 8 in 2 of 4 runs where L = 32 was best): the
-    start-up's two rounds at L = 32 kept 8 of 32; later rounds at L = 8 keep all 8, which says
-    nothing of position 9 on, so the pooled curve's two failures there never aged and priced
-    every longer tier below L = 8 for good. Positions no round reaches age with the pooled curve
-    now, so a request that keeps everything tries the longer tiers again (here after ~100
-    rounds of 9 tokens) and stays at the longest once it keeps that too."""
-    controller = AdaptiveDraftLength(TIERS, linear_costs())
-    req = SimpleNamespace()
-    observe(controller, [req], 32, [8])
-    observe(controller, [req], 32, [8])
-    chosen = []
-    for _ in range(300):
-        chosen.append(controller.choose([req], policies(1), rows_of))
-        observe(controller, [req], chosen[-1], [chosen[-1]])  # keeps everything it drafts
-    assert chosen[0] == 8, chosen[:5]
-    first_long = next(i for i, tier in enumerate(chosen) if tier > 8)
-    assert first_long <= 200 and chosen[-20:] == [32] * 20, (first_long, chosen[-20:])
-
-
-def test_positions_past_a_requests_frontier_keep_at_its_rate_by_succession():
-    """Past the furthest position a request has reached (8: it keeps 8 of 8), every position keeps
-    at one unknown rate r, the frontier's, whose counts (a kept of n reached, the prior's share
-    included) make it Beta(a, n - a): the chance of keeping k more is E[r^k] = B(a + k, n - a) /
-    B(a, n - a), a reference computed here from the Beta function; E[r]^k, what a product of the
-    frontier's mean rate gave, valued its 32nd position at less than half of that (here 0.37)."""
-    controller = AdaptiveDraftLength(TIERS, linear_costs())
-    for _ in range(30):  # other requests' rounds at L = 32 fail at 7: the pooled rate from there is low
-        observe(controller, [SimpleNamespace()], 32, [6])
-    req = SimpleNamespace()
-    for _ in range(3):
-        observe(controller, [req], 8, [8])
-    own, priors = controller.acceptance(req), controller.pooled.keep_rates()
-    a, n = own.survival.counts(7, priors[7], own.prior_weight)  # 3 rounds' 8th position, the prior's share added
-    assert len(own.survival.reached) == 8 and max(priors[8:]) < a / n  # the frontier's rate rules past it
-    alive = own.alive(controller.pooled)  # [1, S(1), ..., S(32)]
-    for k in range(1, 25):
-        moment = math.exp(math.lgamma(a + k) - math.lgamma(a) + math.lgamma(n) - math.lgamma(n + k))  # E[r^k]
-        assert alive[8 + k] == pytest.approx(alive[8] * moment, rel=1e-9), k
-    assert alive[32] > 2 * alive[8] * (a / n) ** 24  # the mean's power: the old valuation
-    assert own.expected(32, controller.pooled) == pytest.approx(sum(alive[1:33]))
-    # a request that failed at its frontier keeps its low rate there: the succession starts from it
-    failing = SimpleNamespace()
-    for _ in range(3):
-        observe(controller, [failing], 8, [7])
-    assert controller.acceptance(failing).alive(controller.pooled)[32] < 0.01
-
-
 def test_the_verify_stops_where_calibrated_confidence_says_the_draft_will_not_survive():
     """After L = 32 is drafted, the verify keeps the tier whose expected tokens (sums of the
     calibrated confidences' products) per second of the whole round are the best: where a row
@@ -585,602 +387,6 @@ def test_calibration_observes_a_round_as_one_position_at_a_time():
     assert sum(reference.reached) > 20  # the rounds reached positions in several buckets
 
 
-def test_a_request_that_keeps_all_it_drafts_is_valued_past_its_reach_by_its_own_rate():
-    """The server's pooled curve says position 9 on is rarely kept (other requests' text); a
-    request that keeps all 8 of its L = 8 drafts round after round is valued past position 8 at its
-    own rate, not the pool's, so it tries the longest tier at once; where it then fails at 12, its
-    own curve prices the tiers from what it saw and leaves L = 32."""
-    controller = AdaptiveDraftLength(TIERS, linear_costs())
-    others = [SimpleNamespace() for _ in range(8)]
-    for _ in range(20):
-        observe(controller, others, 32, [8] * 8)  # the server: kept 8, lost the 9th
-    req = SimpleNamespace()
-    assert controller.choose([req], policies(1), rows_of) == 8  # a new request: the pool's curve
-    observe(controller, [req], 8, [8])
-    observe(controller, [req], 8, [8])
-    assert controller.choose([req], policies(1), rows_of) == 32
-    for _ in range(3):
-        observe(controller, [req], 32, [12])
-    assert controller.acceptance(req).expected(32, controller.pooled) == pytest.approx(12, abs=1.0)
-    assert controller.choose([req], policies(1), rows_of) in (8, 16)  # 13 tokens at 16 cost what 9 do at 8
-
-
-def test_a_longer_drafting_tier_is_chosen_only_where_it_pays_by_the_margin(monkeypatch):
-    """Eight requests that keep all they draft: L = 32 is chosen over L = 8 where its expected
-    rate is LONGER_MARGIN times L = 8's or more, and L = 8 where it is ahead by less (the synthetic
-    pair's closed batch of 8 chose L = 32 at 1.03x and lost to fixed L = 8 by its straggler).
-    Tier 0 is priced out of the way; control: without the margin the longer tier wins at 1.03x."""
-    reqs = [SimpleNamespace() for _ in range(8)]
-    controller = AdaptiveDraftLength((0, 8, 32), linear_costs())
-    for _ in range(6):
-        observe(controller, reqs, 32, [32] * 8)
-    tokens = {t: controller._expected_tokens(t, reqs, policies(8), 1, None) for t in (8, 32)}
-    assert tokens[32] > 3 * tokens[8]  # the requests keep what they draft
-
-    def choice(ratio: float) -> int:
-        """The choice where L = 32's rate is `ratio` times L = 8's (1 token per ms at L = 8)."""
-        seconds = {8: tokens[8] / 1000, 32: tokens[32] / (1000 * ratio)}
-        controller.costs = CostTable(draft={(8, 0): 1.0, **{(8, t): 0.0 for t in seconds}},
-                                     rest={(8, 1): 1.0, **{(8, t + 1): s for t, s in seconds.items()}},
-                                     fixed=True)  # fmt: skip
-        return controller.choose(reqs, policies(8), rows_of)
-
-    assert [choice(r) for r in (1.03, 0.99 * LONGER_MARGIN, 1.01 * LONGER_MARGIN, 2.0)] == [8, 8, 32, 32]
-    assert choice(0.97) == 8
-    monkeypatch.setattr("parse_sglang.adaptive.LONGER_MARGIN", 1.0)
-    assert choice(1.03) == 32
-
-
-def test_judged_jumps_are_valued_by_where_they_land():
-    """A judged request that stops at its first boundary (8) or passes every one: the survival
-    curve values L = 8 at 8 and L = 32 at 8 too; a geometric per-token model would value L = 32
-    above L = 8 (the first version of the controller did, and over-chose long tiers)."""
-    req = SimpleNamespace()
-    controller = AdaptiveDraftLength(TIERS, linear_costs(step_s=0.001))
-    for _ in range(30):
-        observe(controller, [req], 32, [8])
-    est = controller.acceptance(req)
-    assert est.expected(8, controller.pooled) == pytest.approx(8, rel=0.04)
-    assert est.expected(32, controller.pooled) == pytest.approx(est.expected(8, controller.pooled), abs=0.05)
-    assert controller.choose([req], policies(1), rows_of) == 8
-
-
-def test_controller_picks_tier_zero_for_a_useless_draft_and_the_longest_for_a_perfect_one():
-    reqs = [SimpleNamespace() for _ in range(4)]  # a request keeps its estimate on itself
-    good_reqs = [SimpleNamespace() for _ in range(4)]
-    useless = AdaptiveDraftLength(TIERS, linear_costs())
-    perfect = AdaptiveDraftLength(TIERS, linear_costs())
-    chosen = {"useless": [], "perfect": []}
-    for _ in range(6):
-        tier = useless.choose(reqs, policies(4), rows_of)
-        chosen["useless"].append(tier)
-        observe(useless, reqs, tier, [0] * 4)
-        tier = perfect.choose(good_reqs, policies(4), rows_of)
-        chosen["perfect"].append(tier)
-        observe(perfect, good_reqs, tier, [tier] * 4)
-    assert chosen["useless"][-4:] == [0] * 4, chosen
-    assert chosen["perfect"][-3:] == [32] * 3 and chosen["perfect"][0] < 32, chosen  # learnt from the prior
-    # the same inputs give the same choices (a fixed table: a deterministic function of acceptance)
-    again, fresh = AdaptiveDraftLength(TIERS, linear_costs()), [SimpleNamespace() for _ in range(4)]
-    replay = []
-    for _ in range(6):
-        replay.append(again.choose(fresh, policies(4), rows_of))
-        observe(again, fresh, replay[-1], [0] * 4)
-    assert replay == chosen["useless"]
-    # a request's budget caps what a tier can buy: at budget 4 the longer tiers cost more for nothing
-    assert perfect.choose(good_reqs, policies(4, budget=4), rows_of) == 4
-
-
-def test_online_costs_explore_the_shortest_tier_then_tier_zero_then_close_tiers():
-    controller = AdaptiveDraftLength(TIERS, CostTable())
-    reqs = [SimpleNamespace()]
-    chosen = []
-
-    def round_(batch=reqs, accepted=0):
-        tier = controller.choose(batch, policies(len(batch)), rows_of)
-        chosen.append(tier)
-        observe(controller, batch, tier, [min(tier, accepted)] * len(batch), 0.002 * (tier + 1), 0.02)
-
-    for _ in range(2 * (1 + EXPLORE_SAMPLES)):
-        round_()
-    assert chosen == [4] * (1 + EXPLORE_SAMPLES) + [0] * (1 + EXPLORE_SAMPLES)  # a warm-up round each
-    assert controller.costs.measured_tiers(1) == {0, 4}
-    # 8 new requests: the pool has heard from one request, so their first round drafts (see
-    # test_a_pool_that_has_heard_from_few_requests_does_not_keep_a_new_one_from_drafting) ...
-    first = [SimpleNamespace() for _ in range(8)]
-    assert controller.choose(first, policies(8), rows_of) == 4
-    observe(controller, first, 4, [0] * 8)  # its bucket's warm-up round: no sample
-    # ... then another bucket borrows the costs instead of exploring again: its choice is by cost
-    # at once (exploring, it would run tier 4; by cost, with nothing accepted so far, tier 0 wins)
-    assert controller.choose([SimpleNamespace() for _ in range(8)], policies(8), rows_of) == 0
-    assert controller.costs.measured_tiers(8) == set() and controller.costs.explored()
-    # a draft that keeps 6 of each round: tier 8 (extrapolated cost) comes close to the measured 4;
-    # it is measured before the choice settles on the best by measured costs
-    chosen.clear()
-    for _ in range(60):
-        round_(accepted=6)
-    assert 8 in chosen, chosen
-    assert controller.costs.measured_tiers(1) >= {0, 4, 8}
-    assert chosen[-5:] == [8] * 5, chosen
-
-
-def test_a_measured_tier_priced_too_high_is_measured_again_once_its_price_is_stale():
-    """A measured tier priced too high (L = 8 at batch 4 from two of the server's first rounds, in
-    the synthetic pair's open loop at batch 8) is never run while another tier looks better, so its
-    price is never corrected. Once its cell has gone STALE_ROUNDS rounds without a sample, it runs
-    again where its rate is within RECHECK_MARGIN of the best and what its round may lose against
-    the best is at most PROBE_OVERHEAD of the rounds' seconds since its last sample; that round's
-    sample replaces the old ones. Controls: a stale tier further below the best is not run, nor one
-    whose loss the seconds since cannot pay (the rounds since were no cost samples: idle gaps).
-    Only its bucket's rounds age a cell: rounds at batch 32 in between leave it fresh (counted in
-    the server's rounds, the synthetic bar's closed batch of 8 re-checked tier 0 in its runs, its
-    cells aged by the batches of 32 and the open loops between them)."""
-    true_s, l32_s = 0.05, 0.1  # L = 8 emits 9 tokens a request, L = 32 13 (it keeps 12)
-    for overpriced_s, timed, rechecked in ((0.08, True, True), (0.14, True, False), (0.08, False, False)):
-        controller, reqs = AdaptiveDraftLength((0, 8, 32), CostTable()), [SimpleNamespace() for _ in range(4)]
-        for tier, seconds in ((0, 0.04), (8, overpriced_s), (32, l32_s)):
-            for _ in range(1 + EXPLORE_SAMPLES):
-                observe(controller, reqs, tier, [min(tier, 12)] * 4, seconds, 0.0)
-        assert controller.costs.measured_tiers(4) == {0, 8, 32}
-        others = [SimpleNamespace() for _ in range(32)]
-        for _ in range(2 * STALE_ROUNDS):
-            observe(controller, others, 8, [8] * 32, 0.2, 0.1)
-        assert controller.costs.stale_tiers(4) == {} and controller.costs.stale_tiers(32) == {}
-        rates = {t: controller._expected_tokens(t, reqs, policies(4), 1, None)
-                 / controller.costs.cost(4, t, rows_of(t)) for t in (8, 32)}  # fmt: skip
-        assert (rates[8] / rates[32] >= RECHECK_MARGIN) == (overpriced_s < 0.1) and rates[8] < rates[32], rates
-        assert rates[8] * overpriced_s / true_s > rates[32]  # priced right, L = 8 wins
-        chosen = []
-        for _ in range(2 * STALE_ROUNDS):
-            chosen.append(controller.choose(reqs, policies(4), rows_of))
-            seconds = true_s if chosen[-1] == 8 else l32_s
-            observe(
-                controller, reqs, chosen[-1], [min(chosen[-1], 12)] * 4, *((seconds, 0.0) if timed else (None, None))
-            )
-        if not rechecked:
-            assert chosen == [32] * 2 * STALE_ROUNDS
-            continue
-        # L = 8 last sampled in round 2 (1 + EXPLORE_SAMPLES) of 3 (1 + EXPLORE_SAMPLES) before the loop:
-        # stale from the loop's round `first` on, where 3 (1 + E) + first - 2 (1 + E) > STALE_ROUNDS
-        first = chosen.index(8)
-        assert chosen[:first] == [32] * first and first == STALE_ROUNDS + 1 - (1 + EXPLORE_SAMPLES), chosen
-        assert controller.costs.draft[4, 8] == pytest.approx(true_s)  # its old samples replaced
-        assert chosen[first + 1] == 8 and chosen[first:].count(8) > 2 * chosen[first:].count(32), chosen  # by its price
-
-
-def test_a_tier_a_bucket_runs_once_a_visit_is_measured_across_visits():
-    """A closed batch of 8 runs L = 32 once a visit, and between visits the server runs 64
-    rounds at batch 32. Its cell's samples add up across visits to a measured cost: counted in
-    the server's rounds, the cell was stale at each visit, its one sample replaced by the next, so
-    it was never measured and explored again at every visit (the synthetic bar's closed batches
-    of 8 and 32 ran L = 32 at every run's first round)."""
-    costs = CostTable()
-    for visit in range(1 + EXPLORE_SAMPLES):
-        assert costs.measured_tiers(8) == set(), visit
-        costs.observe(8, 32, 33, 0.2, 0.05, 0.25)
-        for _ in range(2 * STALE_ROUNDS):
-            costs.observe(32, 8, 9, 0.1, 0.05, 0.15)
-    assert costs.measured_tiers(8) == {32} and costs.draft[8, 32] == pytest.approx(0.2)
-
-
-def test_a_tier_priced_from_other_cells_is_not_explored_in_a_round_that_catches_up():
-    """A round that first catches the draft up (over a deferred prefill's prompt, or tokens
-    committed at tier 0) is no sample of its tier's draft part: a tier explored there stays
-    unmeasured and is explored again (the synthetic pair's closed batches of 8 ran L = 32 at each
-    batch's first round, its prefill's draft deferred, three visits without a sample). There the
-    best tier runs; the next round, caught up, explores, and its sample counts. Control: the same
-    prices with nothing behind explore at once; a stale tier alike."""
-    controller = AdaptiveDraftLength((0, 8, 32), CostTable())
-    batch, others = [SimpleNamespace() for _ in range(8)], [SimpleNamespace() for _ in range(32)]
-    for tier, seconds in ((0, 0.03), (8, 0.06), (32, 0.075)):  # batch 32 measured every tier
-        for _ in range(1 + EXPLORE_SAMPLES):
-            observe(controller, others, tier, [min(tier, 12)] * 32, seconds, 0.05)
-    for tier, seconds in ((0, 0.02), (8, 0.04)):  # batch 8 tiers 0 and 8
-        for _ in range(1 + EXPLORE_SAMPLES):
-            observe(controller, batch, tier, [min(tier, 7)] * 8, seconds, 0.03)
-    assert controller.costs.measured_tiers(8) == {0, 8}
-    rates = {t: controller._expected_tokens(t, batch, policies(8), 1, None)
-             / controller.costs.cost(8, t, rows_of(t)) for t in (8, 32)}  # fmt: skip
-    assert EXPLORE_MARGIN <= rates[32] / rates[8] < LONGER_MARGIN, rates  # close, not chosen by its rate
-    for req in batch:
-        state_of(req).draft_behind = 40
-    assert controller.choose(batch, policies(8), rows_of) == 8
-    for req in batch:  # control: caught up, it is explored
-        state_of(req).draft_behind = 0
-    assert controller.choose(batch, policies(8), rows_of) == 32
-    for _ in range(1 + EXPLORE_SAMPLES):
-        observe(controller, batch, 32, [7] * 8, 0.06, 0.03)
-    assert controller.costs.measured_tiers(8) == {0, 8, 32}
-    for _ in range(2 * STALE_ROUNDS):  # L = 32 stale (L = 8 each round)
-        observe(controller, batch, 8, [7] * 8, 0.04, 0.03)
-    assert 32 in controller.costs.stale_tiers(8)
-    rates = {t: controller._expected_tokens(t, batch, policies(8), 1, None)
-             / controller.costs.cost(8, t, rows_of(t)) for t in (8, 32)}  # fmt: skip
-    assert RECHECK_MARGIN <= rates[32] / rates[8] < 1, rates  # below the best: only a re-check runs it
-    for req in batch:
-        state_of(req).draft_behind = 40
-    assert controller.choose(batch, policies(8), rows_of) == 8
-    for req in batch:
-        state_of(req).draft_behind = 0
-    assert controller.choose(batch, policies(8), rows_of) == 32
-
-
-def test_a_pool_that_has_heard_from_few_requests_does_not_keep_a_new_one_from_drafting():
-    """Costs measured online; the start-up explores on one request whose draft keeps nothing (as
-    SGLang's warm-up request, whose text the synthetic draft keeps 1, 0 and 0 of), so the pool
-    says drafts keep nothing and tier 0 wins by cost. Until the pool has heard from POOL_HEARD
-    requests, a new request's first round still drafts, the shortest tier; its own rounds then
-    decide. Controls: a new request with 1 token of budget left (it could not pay kept whole);
-    the request after POOL_HEARD were heard; a loaded table (no exploration) heard from one."""
-    costs = dict(step_s=0.01, verify_s=0.02, row_s=0.0)  # a probe must emit 3.5 tokens to pay
-    controller = AdaptiveDraftLength(TIERS[:2], CostTable())
-
-    def rounds(reqs, keep: int, n: int, budget: int = 32) -> list[int]:
-        tiers = []
-        for _ in range(n):
-            tiers.append(controller.choose(reqs, policies(len(reqs), budget), rows_of))
-            draft_s = costs["step_s"] * (tiers[-1] + 1) if tiers[-1] else 0.0
-            observe(controller, reqs, tiers[-1], [min(keep, tiers[-1])] * len(reqs), draft_s, costs["verify_s"])
-        return tiers
-
-    explored = 1 + EXPLORE_SAMPLES  # a warm-up round, then the counted ones
-    explorer = SimpleNamespace()
-    assert rounds([explorer], keep=0, n=2 * explored) == [4] * explored + [0] * explored  # the start-up
-    assert controller._break_even_of(1, 4, rows_of) == pytest.approx(3.5)
-    assert rounds([SimpleNamespace()], keep=0, n=1, budget=1) == [0]  # control: it could not pay
-    # control: a new request that cannot draft (no budget left), in a batch that could pay: it would never
-    # be heard from, so a first round for it would come every round
-    batch = policies(4)
-    batch[3].budget = 0
-    assert controller.choose([explorer] * 3 + [SimpleNamespace()], batch, rows_of) == 0
-    for _ in range(POOL_HEARD - 1):
-        assert rounds([SimpleNamespace()], keep=0, n=3) == [4, 0, 0]  # its first round, then its own evidence
-    assert rounds([SimpleNamespace()], keep=0, n=3) == [0, 0, 0]  # control: the pool has heard enough
-    loaded = AdaptiveDraftLength(TIERS[:2], linear_costs(**costs))
-    observe(loaded, [SimpleNamespace()], 4, [0])
-    assert loaded.choose([SimpleNamespace()], policies(1), rows_of) == 0  # control: a loaded table
-    # the first rounds are `new`'s: without it no probe is due this early
-    assert controller._probe_due(policies(1), rows_of) is None
-    assert controller._probe_due(policies(1), rows_of, new=True) == 4
-
-
-def test_tier_zero_is_probed_again_at_a_bounded_cost_with_backoff():
-    reqs = [SimpleNamespace()]
-    costs = linear_costs()
-    controller = AdaptiveDraftLength(TIERS, costs)
-    for _ in range(200):  # the server's requests keep nothing: a probe is expected to emit ~1 token
-        controller.pooled.observe(4, 0)
-    keeps = controller.acceptance(SimpleNamespace()).expected(4, controller.pooled)
-    assert keeps < 0.05
-    tiers = []
-    for _ in range(2000):
-        tier = controller.choose(reqs, policies(1), rows_of)
-        tiers.append(tier)
-        observe(controller, reqs, tier, [0])
-    probes = [i for i, t in enumerate(tiers) if t > 0]
-    assert all(tiers[i] == 4 for i in probes)  # probes: the shortest drafting tier
-    assert tiers[0] == 0, "the pool says drafts keep nothing: tier 0 from the first round"
-    gaps = [probes[0]] + [b - a - 1 for a, b in zip(probes, probes[1:]) if b - a > 1]
-    first = gaps[0]  # tier-0 rounds that pay for one probe's loss at PROBE_OVERHEAD
-    ratio = costs.cost(1, 4, 5) / costs.cost(1, 0, 1)
-    assert first == pytest.approx((ratio - 1 - keeps) / PROBE_OVERHEAD, abs=1)
-    assert gaps[:4] == [first, 2 * first, 4 * first, 8 * first], tiers  # failing probes back off
-    assert max(gaps) == PROBE_BACKOFF_MAX * first
-    # what the probes cost after the first ones: at most PROBE_OVERHEAD of the tier-0 time
-    tail = tiers[probes[1] :]
-    spent = sum(costs.cost(1, t, rows_of(t)) for t in tail)
-    assert spent / (len(tail) * costs.cost(1, 0, 1)) < 1 + PROBE_OVERHEAD
-    # a probe that pays for itself (5 tokens where tier 0 emits `ratio` in its time) resets the spacing
-    while controller.choose(reqs, policies(1), rows_of) == 0:
-        observe(controller, reqs, 0, [0])
-    observe(controller, reqs, 4, [4])
-    assert controller._backoff == 1
-
-
-def test_the_probes_budget_is_seconds_so_a_small_batchs_cheap_steps_do_not_pay_a_big_batchs_probe():
-    """A probe's loss is priced in its batch's decode steps, the budget that pays it in the seconds
-    of the tier-0 rounds since the last drafting round, each at its own batch size. A batch of 32,
-    whose decode step costs 4 of a batch of 1's, probes after as many seconds of anyone's rounds:
-    4x the steps where a batch of 1 ran them. Counted in steps of any size (the last version), the
-    batch of 1's cheap steps had paid for the batch of 32's probes one for one. Control: a batch of
-    32's steps pay for a batch of 1's probe four times over."""
-    scale = {1: 1.0, 8: 2.0, 32: 4.0}
-    costs = CostTable(
-        draft={(b, L): 0.002 * (L + 1) * k for b, k in scale.items() for L in TIERS},
-        rest={(b, L + 1): (0.02 + 1e-4 * (L + 1)) * k for b, k in scale.items() for L in TIERS},
-        fixed=True,
-    )
-
-    def server():
-        controller = AdaptiveDraftLength(TIERS, costs)
-        for _ in range(200):  # the server's requests keep nothing: only probes draft
-            controller.pooled.observe(4, 0)
-        return controller
-
-    controller = server()
-    keeps = controller._typical.expected(4, controller.pooled)
-    steps = math.ceil((costs.cost(32, 4, 5) / costs.cost(32, 0, 1) - 1 - keeps) / PROBE_OVERHEAD)
-    assert steps == math.ceil((costs.cost(1, 4, 5) / costs.cost(1, 0, 1) - 1 - keeps) / PROBE_OVERHEAD)
-    small, big = [SimpleNamespace()], [SimpleNamespace() for _ in range(32)]
-    for _ in range(steps):
-        observe(controller, small, 0, [0])
-    assert controller._probe_due(policies(1), rows_of) == 4, "the batch of 1's own probe is due"
-    assert controller._probe_due(policies(32), rows_of) is None, "a quarter of the batch of 32's budget"
-    for _ in range(3 * steps - 1):
-        observe(controller, small, 0, [0])
-    assert controller._probe_due(policies(32), rows_of) is None
-    observe(controller, small, 0, [0])
-    assert controller._probe_due(policies(32), rows_of) == 4
-    controller = server()  # control: the batch of 32's steps
-    for _ in range(math.ceil(steps / 4)):
-        observe(controller, big, 0, [0] * 32)
-    assert controller._probe_due(policies(1), rows_of) == 4
-    assert controller._probe_due(policies(32), rows_of) is None
-
-
-def one_request_rounds(costs, keep: int, rounds: int, budget: int = 32, controller=None):
-    """(controller, tiers): `rounds` choices for one request whose draft keeps `keep` of each
-    round (within its tier), in a server whose pool says drafts keep nothing (a new one unless
-    `controller`): a server whose first rounds ran on SGLang's warm-up request."""
-    if controller is None:
-        controller = AdaptiveDraftLength(TIERS, costs)
-        for _ in range(200):
-            controller.pooled.observe(4, 0)
-    req, tiers = [SimpleNamespace()], []
-    for _ in range(rounds):
-        tiers.append(controller.choose(req, policies(1, budget), rows_of))
-        observe(controller, req, tiers[-1], [min(keep, tiers[-1])])
-    return controller, tiers
-
-
-def test_a_probe_that_the_batchs_budgets_keep_from_paying_waits_for_one_that_can_pay():
-    """The pool says drafts keep nothing, so the choice is tier 0 and only probes draft. A probe
-    due where the request's budget lets it emit no more than tier 0 in the probe's time waits,
-    however long the streak, for a request that can keep it: it could not pay, and would have
-    spaced the next ones out (a probe at a request's last 2 tokens, the synthetic pair on CPU).
-    Control: with its whole budget left, the request probes once tier-0 rounds paid for the
-    probe's loss at PROBE_OVERHEAD."""
-    costs = linear_costs(step_s=0.004, verify_s=0.005)
-    ratio = costs.cost(1, 4, 5) / costs.cost(1, 0, 1)  # tokens a probe must emit to pay
-    assert 2 < ratio < 3
-
-    _, tiers = one_request_rounds(costs, keep=0, rounds=150)
-    first = tiers.index(4)
-    assert first == pytest.approx((ratio - 1) / PROBE_OVERHEAD, abs=2), tiers
-    # one token left (budget 1): a probe emits at most 2 < ratio
-    controller, tiers = one_request_rounds(costs, keep=0, rounds=3 * first, budget=1)
-    assert set(tiers) == {0}, tiers
-    _, tiers = one_request_rounds(costs, keep=0, rounds=1, controller=controller)  # the next request, whole budget
-    assert tiers == [4]
-
-
-def test_a_round_that_paid_drafts_again_while_what_it_kept_beats_tier_zero():
-    """The pool says drafts keep nothing (a server whose first rounds ran on SGLang's warm-up
-    request), so only probes leave tier 0. A probe that keeps all it drafts paid: the next round
-    drafts again, valued by what it kept, and so does every round after it while they pay; the
-    request's own rounds then outweigh the pool. Controls: after a probe that keeps nothing,
-    tier 0; after one that paid, a batch whose budgets leave 1 token a request (what it kept,
-    valued within its reach, does not beat tier 0) runs tier 0 too."""
-    costs = linear_costs(step_s=0.004, verify_s=0.005)
-    ratio = costs.cost(1, 4, 5) / costs.cost(1, 0, 1)  # tokens a round of L = 4 must emit to pay
-    assert 2 < ratio < 3
-
-    _, tiers = one_request_rounds(costs, keep=32, rounds=150)
-    first = tiers.index(4)  # the first probe
-    assert 0 not in tiers[first:] and tiers[-1] == 16, tiers  # L = 32 pays 1.03x L = 16: within LONGER_MARGIN
-    _, tiers = one_request_rounds(costs, keep=0, rounds=first + 2)
-    assert tiers[first:] == [4, 0], tiers
-    controller, tiers = one_request_rounds(costs, keep=32, rounds=first + 1)
-    assert tiers[-1] == 4 and controller._kept == (4, 4)
-    _, tiers = one_request_rounds(costs, keep=32, rounds=1, budget=1, controller=controller)
-    assert tiers == [0]
-
-
-def test_a_probe_pays_for_its_catch_up_and_where_that_alone_costs_more_than_the_overhead_none_comes():
-    """A probe first extends the draft over every token the batch's tier-0 rounds committed: its
-    cost grows with the stretch it ends. Priced in (per token, from earlier catch-ups), the first
-    probe comes later; where a decode step's catch-up alone costs more than PROBE_OVERHEAD of the
-    step, never (the real pair on CPU at batch 60: 66 ms a step against 2% of 0.61 s). Control: with no
-    catch-up measured yet, the first probe comes where its round's loss alone is paid for."""
-    bs, step_s, verify_s = 8, 0.001, 0.01
-    costs = CostTable()
-    for _ in range(EXPLORE_SAMPLES + 1):  # measured online: a warm-up round, then counted ones
-        costs.observe(bs, 0, 1, 0.0, verify_s)
-        costs.observe(bs, 4, 5, 5 * step_s, verify_s + 0.002)
-    break_even = costs.cost(bs, 4, 5) / costs.cost(bs, 0, 1)
-    first_probe = {}
-    for name, per_token in {
-        "unknown": None,
-        "cheap": PROBE_OVERHEAD * verify_s / bs / 4,
-        "dear": PROBE_OVERHEAD * verify_s / bs * 2,
-    }.items():
-        controller = AdaptiveDraftLength(TIERS[:2], costs)
-        for _ in range(200):
-            controller.pooled.observe(4, 0)  # drafts keep nothing
-        controller._heard = 200  # (heard from as many requests)
-        if per_token is not None:  # an earlier catch-up over more tokens than any stretch below
-            controller._caught_up(bs, 4, costs.draft[bucket(bs), 4] + 20_000 * per_token, 20_000)
-        reqs = [SimpleNamespace() for _ in range(bs)]
-        for n in range(2000):
-            if controller.choose(reqs, policies(bs), rows_of) > 0:
-                first_probe[name] = n
-                break
-            observe(controller, reqs, 0, [0] * bs, rest_s=verify_s)  # an online table: its cells stay
-            for req in reqs:  # the worker's `DraftChain.idle`: each tier-0 step's token missed by the draft
-                state_of(req).draft_behind += 1
-    keeps = controller.acceptance(SimpleNamespace()).expected(4, controller.pooled)
-    assert first_probe["unknown"] == pytest.approx((break_even - 1 - keeps) / PROBE_OVERHEAD, abs=1)
-    # cheap: a step's catch-up costs a quarter of the overhead, so the loss is paid by 3/4 of it
-    assert first_probe["cheap"] == pytest.approx((break_even - 1 - keeps) / (0.75 * PROBE_OVERHEAD), abs=2)
-    assert "dear" not in first_probe, first_probe
-
-
-def test_a_drafting_tier_priced_from_another_bucket_is_not_measured_in_place_of_tier_zero():
-    """Out of tier 0, a drafting round first catches the draft up over every token the batch
-    committed without it: only a probe, which prices that catch-up, leaves tier 0. A drafting tier
-    priced from another bucket that merely comes close to tier 0 (within EXPLORE_MARGIN) is not
-    measured there. Control: once tier-0 steps have paid for a probe, the same tier runs as one."""
-    controller = AdaptiveDraftLength((0, 8), CostTable())
-    small, big = [SimpleNamespace() for _ in range(15)], [SimpleNamespace() for _ in range(60)]
-    for _ in range(1 + EXPLORE_SAMPLES):  # bucket 16 ran tier 0 only; bucket 64 both, L = 8 last
-        observe(controller, small, 0, [0] * 15, 0.001, 4 * 0.335, steps=4)
-    for _ in range(1 + EXPLORE_SAMPLES):
-        observe(controller, big, 0, [0] * 60, 0.001, 4 * 0.52, steps=4)
-    for _ in range(1 + EXPLORE_SAMPLES):
-        observe(controller, big, 8, [3] * 60, 3.0, 2.43)
-    rates = {
-        tier: controller._expected_tokens(tier, small, policies(15), 4, None)
-        / controller.costs.cost(15, tier, rows_of(tier), 4 if tier == 0 else 1)
-        for tier in (0, 8)
-    }
-    assert controller.costs.measured_tiers(15) == {0}  # L = 8 there: bucket 64's cells scaled down
-    assert EXPLORE_MARGIN <= rates[8] / rates[0] < 1, rates  # close to tier 0, below it
-    for req in small:
-        state_of(req).draft_behind = 340
-    assert controller.choose(small, policies(15), rows_of, steps=4) == 0
-    probe_after = None
-    for n in range(1, 400):
-        observe(controller, small, 0, [0] * 15, 0.001, 4 * 0.335, steps=4)
-        if controller.choose(small, policies(15), rows_of, steps=4) == 8:
-            probe_after = n
-            break
-    keeps = controller.acceptance(SimpleNamespace()).expected(8, controller.pooled)
-    loss = controller._break_even_of(15, 8, rows_of) - 1 - keeps  # in decode steps (no catch-up measured yet)
-    steps = controller.costs.cost(15, 0, 1, steps=4) / controller.costs.cost(15, 0, 1)  # a 4-step round's: ~4
-    assert probe_after == math.ceil(math.ceil(loss / PROBE_OVERHEAD) / steps), (probe_after, loss, steps)
-
-
-def test_a_drafting_tier_pays_its_catch_up_whole_where_borrowed_and_its_share_where_measured():
-    """A drafting round first catches the draft up over what the batch committed at tier 0, and
-    that is priced in. A tier this bucket has not measured (priced from other cells) bears it
-    whole: behind the real pair's 8,192 tokens at batch 32 it loses to tier 0, where its borrowed
-    price alone beat it twice over. A measured one bears the share its round's tokens are of
-    what the batch has left (the catch-up is paid once for every round after it): with 33 tokens
-    left a request, twice tier 0's rate pays back 6.8 s of catch-up (7.5 s + 6.8 s for the
-    batch's 1,056 tokens against tier 0's 14.9 s); with 9 left it does not (the real pair's batch
-    of 60 on CPU had run a measured L = 8 behind 7,680 tokens, 35 s for a round of ~470 tokens).
-    Controls: with nothing behind, the same prices win, borrowed or measured."""
-    controller = AdaptiveDraftLength((0, 8), CostTable())
-    batch, big = [SimpleNamespace() for _ in range(32)], [SimpleNamespace() for _ in range(60)]
-    for _ in range(1 + EXPLORE_SAMPLES):  # bucket 32 ran tier 0 only; bucket 64 both
-        observe(controller, batch, 0, [0] * 32, 0.001, 4 * 0.45, steps=4)
-    for _ in range(1 + EXPLORE_SAMPLES):
-        observe(controller, big, 0, [0] * 60, 0.001, 4 * 0.52, steps=4)
-    for _ in range(1 + EXPLORE_SAMPLES):
-        observe(controller, big, 8, [3] * 60, 0.8, 1.0)
-    controller._caught_up(60, 8, controller.costs.draft[64, 8] + 6153 * 0.0011, 6153)
-    assert controller.costs.measured_tiers(32) == {0}
-
-    def rates_without_catch_up():
-        return {
-            tier: controller._expected_tokens(tier, batch, policies(32), 4, None)
-            / controller.costs.cost(32, tier, rows_of(tier), 4 if tier == 0 else 1)
-            for tier in (0, 8)
-        }
-
-    rates = rates_without_catch_up()
-    assert rates[8] / rates[0] > 1.9, rates  # unpriced, L = 8 wins outright
-    assert controller.choose(batch, policies(32), rows_of, steps=4) == 8  # control: nothing behind
-    for req in batch:
-        state_of(req).draft_behind = 256  # 8,192 tokens, ~6.8 s of catch-up
-    assert controller._catch_up_seconds(256 * 32) == pytest.approx(6153 * 0.0011)
-    assert controller.choose(batch, policies(32), rows_of, steps=4) == 0
-    for _ in range(1 + EXPLORE_SAMPLES):  # L = 8 measured at batch 32, at the same cost
-        observe(controller, batch, 8, [3] * 32, controller.costs.cost(32, 8, rows_of(8)) - 1.0, 1.0)
-    assert controller.costs.measured_tiers(32) == {0, 8}
-    assert rates_without_catch_up()[8] / rates[0] > 1.9  # without its catch-up it still wins outright
-    assert controller.choose(batch, policies(32), rows_of, steps=4) == 8  # 33 tokens left a request
-    assert controller.choose(batch, policies(32, budget=8), rows_of, steps=4) == 0  # 9 left
-    for req in batch:  # control: caught up (a probe's round), the measured tier drafts on
-        state_of(req).draft_behind = 0
-    assert controller.choose(batch, policies(32, budget=8), rows_of, steps=4) == 8
-
-
-def test_where_requests_keep_their_drafts_a_request_at_tier_zero_probes_again_soon():
-    """A request fell to tier 0 on a bad stretch in a server whose requests keep nearly every
-    draft token: a probe is expected to emit 5 tokens for the price of `ratio` < 5 decode steps,
-    so it comes after one round of decode steps; a probe that keeps a token but emits fewer
-    than tier 0 would have in its time does not pay, and the next ones space out, until a
-    drafting round pays (the spacing is the server's: without that, one batch's stragglers
-    would leave the next batch's probing once in 32 rounds; seen on the synthetic pair)."""
-    costs = linear_costs(step_s=0.004, verify_s=0.005)
-    ratio = costs.cost(1, 4, 5) / costs.cost(1, 0, 1)
-    assert 2 < ratio < 5
-    controller = AdaptiveDraftLength(TIERS, costs)
-    for _ in range(200):
-        controller.pooled.observe(16, 16)
-    req = [SimpleNamespace()]
-    for _ in range(4):
-        observe(controller, req, 16, [0])  # the request's bad stretch
-    tiers = []
-    for _ in range(20):
-        tiers.append(controller.choose(req, policies(1), rows_of, steps=4))
-        observe(controller, req, tiers[-1], [min(1, tiers[-1])], steps=4 if tiers[-1] == 0 else 1)
-    assert tiers[:2] == [0, 4], tiers  # the probe: after one tier-0 round
-    # each keeps 1 (2 tokens < ratio): the spacing doubles, 2, 4, 8, 16 decode steps' seconds, where a
-    # round of 4 steps costs 2.68 (its draft part once): 1, 2, 3 and 6 rounds
-    assert costs.cost(1, 0, 1, steps=4) / costs.cost(1, 0, 1) == pytest.approx(2.68, abs=0.01)
-    assert tiers[2:] == [0, 4, 0, 0, 4, 0, 0, 0, 4] + [0] * 6 + [4, 0, 0], tiers
-    assert controller._backoff == 32
-    # the next batch drafts and its round pays: the spacing starts over for its own bad stretches
-    nxt = [SimpleNamespace()]
-    tier = controller.choose(nxt, policies(1), rows_of)
-    observe(controller, nxt, tier, [1])
-    assert tier > 0 and controller._backoff == 32, "2 tokens do not pay for a drafting round"
-    tier = controller.choose(nxt, policies(1), rows_of)
-    observe(controller, nxt, tier, [tier])
-    assert tier > 0 and controller._backoff == 1
-
-
-def test_a_new_batch_after_one_that_ended_at_tier_zero_runs_its_best_tier_not_a_probe():
-    """The last round of a batch often runs at tier 0 (each request one token from its end), so
-    the next batch starts with tier-0 steps behind it and a probe due. A probe replaces a tier-0
-    round only: where the choice drafts anyway, the round shows the acceptance itself (seen on
-    the synthetic pair: 3 of 5 timed batches of 32 in a trace began with a round at L = 4)."""
-    costs = linear_costs(step_s=0.004, verify_s=0.005)
-    controller = AdaptiveDraftLength(TIERS, costs)
-    for _ in range(200):
-        controller.pooled.observe(32, 32)
-    ending = [SimpleNamespace() for _ in range(8)]
-    tail = policies(8, budget=0)  # one token left each: tier 0 emits it for the whole batch
-    assert controller.choose(ending, tail, rows_of, steps=1) == 0
-    observe(controller, ending, 0, [0] * 8, steps=1)
-    assert controller._probe_due(policies(8), rows_of) == 4, "tier-0 steps behind: a probe would be due"
-    fresh = [SimpleNamespace() for _ in range(8)]
-    assert controller.choose(fresh, policies(8), rows_of) == 16  # L = 32 pays 1.03x L = 16: within LONGER_MARGIN
-    # where the choice is tier 0 the probe still replaces it (a request left at tier 0)
-    stuck = [SimpleNamespace()]
-    for _ in range(4):
-        observe(controller, stuck, 16, [0])
-    assert controller.choose(stuck, policies(1), rows_of, steps=4) == 0
-    observe(controller, stuck, 0, [0], steps=4)
-    assert controller.choose(stuck, policies(1), rows_of, steps=4) == 4
-
-
-def test_tier_zero_decode_steps_are_priced_per_step_and_pay_the_round_once():
-    """A tier-0 round of k decode steps: its measured rest is kept per step (the one-row verify
-    cell), it is priced as the round's fixed part plus k steps and valued at k tokens per request
-    (at most a request's budget + 1), and its price counts towards the next probe."""
-    online = AdaptiveDraftLength((0, 4), CostTable())
-    req = [SimpleNamespace()]
-    zero = SimpleNamespace(draft_lens=torch.zeros(1, dtype=torch.int64))
-    for _ in range(2):  # the warm-up, then a counted round
-        online.observe(req, 0, 1, zero, SimpleNamespace(lengths=[3]), draft_s=0.05, rest_s=0.04, steps=4)
-    assert online.costs.rest[1, 1] == pytest.approx(0.01) and online.costs.draft[1, 0] == pytest.approx(0.05)
-    assert online.costs.cost(1, 0, 1, steps=4) == pytest.approx(0.05 + 4 * 0.01)
-    # the warm-up round, not counted, by what it took; the next by its price: 0.09 s each
-    assert online._zero_streak == pytest.approx(2 * 0.09)
-    # a round's fixed part (0.05 s) outweighs a step (0.01 s): one step per round loses to tier 4
-    # (the prior's 0.94 expected tokens over 72 ms), four steps per round win
-    costs = CostTable(draft={(1, 0): 0.05, (1, 4): 0.06}, rest={(1, 1): 0.01, (1, 5): 0.012}, fixed=True)
-    assert AdaptiveDraftLength((0, 4), costs).choose(req, policies(1), rows_of, steps=1) == 4
-    assert AdaptiveDraftLength((0, 4), costs).choose(req, policies(1), rows_of, steps=4) == 0
-    # a request with two tokens left gets two of the four steps' tokens
-    assert AdaptiveDraftLength((0, 4), costs).choose(req, policies(1, budget=1), rows_of, steps=4) == 0
-    rates = 2 / costs.cost(1, 0, 1, steps=4), 4 / costs.cost(1, 0, 1, steps=4)
-    assert rates[0] < rates[1]
-
-
 @pytest.mark.parametrize(
     "values, message",
     [
@@ -1204,11 +410,11 @@ def test_bad_adaptive_settings_are_refused_by_name(values, message):
         server_parse_config(SimpleNamespace(_parse_config=values), 32)
 
 
-def test_tiers_default_to_l_divided_by_four_while_at_least_four():
+def test_tiers_default_to_l_halved_while_at_least_four():
     assert ParseConfig(draft_budget=32, adaptive=False).tiers == (32,)
-    assert ParseConfig(draft_budget=32).tiers == (0, 8, 32)  # adaptive is the default
+    assert ParseConfig(draft_budget=32).tiers == (0, 4, 8, 16, 32)  # adaptive is the default
     assert [ParseConfig(draft_budget=L).tiers for L in (2, 8, 12, 16, 64)] == [
-        (0, 2), (0, 8), (0, 12), (0, 4, 16), (0, 4, 16, 64)
+        (0, 2), (0, 4, 8), (0, 6, 12), (0, 4, 8, 16), (0, 4, 8, 16, 32, 64)
     ]  # fmt: skip
     assert ParseConfig(draft_budget=12, adaptive=True, adaptive_tiers=[2, 0]).tiers == (0, 2, 12)
 
@@ -1332,8 +538,12 @@ def test_the_head_tier_has_its_own_cost_cells_and_acceptance(tmp_path):
     assert controller.choose(reqs, policies(2), rows_of) == HEAD
     head_round(controller, reqs, [3, 1])
     assert reqs[1].parse.head_acceptance.expected(3, controller.head_pooled) < 2.5
-    assert reqs[1].parse.acceptance.survival.reached == [], "a head round is no round of PARSE's draft"
-    assert controller._zero_streak == pytest.approx(costs.cost(2, HEAD, 4)), "a head round drafts nothing of PARSE's"
+    own = reqs[1].parse.acceptance  # made when the tiers were valued, never observed by a head round
+    assert own.kept == own.rejected == 0.0 and own.prior_weight == PRIOR_WEIGHT, "a head round is no round of PARSE's"
+    assert controller._since[DRAFTING] == pytest.approx(costs.cost(2, HEAD, 4)), (
+        "a head round drafts nothing of PARSE's"
+    )
+    assert controller._since[HEAD] == 0.0
     # without a head such a batch runs tier 0
     no_head = AdaptiveDraftLength(TIERS, costs)
     for _ in range(200):
@@ -1350,32 +560,208 @@ def test_the_head_tier_has_its_own_cost_cells_and_acceptance(tmp_path):
     assert keeps_all.choose([SimpleNamespace()], at_end, rows_of) == 0, "none left: tier 0 is the cheapest"
 
 
-def test_a_head_that_keeps_nothing_leaves_the_choice_to_tier_zero_and_is_probed_with_backoff():
+def test_draft_length_policies_fixed_and_adaptive():
+    """The worker asks one policy every round: fixed L (no TP broadcast, nothing shown), or the
+    adaptive controller, whose `after_round` learns the round and times it with its own clock."""
+    from parse_sglang.draft_length import FixedDraftLength
+
+    fixed = FixedDraftLength(8)
+    assert not fixed.per_round and fixed.server_state() == {}
+    assert fixed.choose([SimpleNamespace()], policies(1), rows_of, steps=4) == 8
+    adaptive = AdaptiveDraftLength.of(ParseConfig(draft_budget=8, adaptive=True))
+    assert adaptive.per_round and adaptive.tiers == [0, 4, 8]
+    req = SimpleNamespace()
+    tier = adaptive.choose([req], policies(1, budget=8), rows_of, steps=4)
+    assert tier == 4  # nothing measured: the shortest drafting tier first
+    adaptive.drafts_on_host()
+    assert getattr(req, "parse", None) is None  # nothing learnt of the request before its round ends
+    plan = SimpleNamespace(
+        draft_lens=torch.tensor([8]), confidence=torch.full((1, 8), 0.9), judged=torch.tensor([False])
+    )
+    window = SimpleNamespace(shape=SimpleNamespace(draft_len=8, rows=9), plan=plan)
+    adaptive.after_round([req], window, SimpleNamespace(lengths=[5], emitted=[[7] * 9]), steps=1)
+    assert req.parse.acceptance.prior_weight < Acceptance().prior_weight  # the request's own estimate saw the round
+    assert req.parse.acceptance.kept == 5 and req.parse.acceptance.rejected == 1
+    assert not adaptive.ends.finished  # 6 of its 9 tokens left: still running
+    assert sum(adaptive.calibration.reached) == pytest.approx(6, abs=0.1)  # and the calibration: 6 reached, 5 kept
+    assert adaptive.server_state()["cost_table"] == adaptive.costs.to_json()
+
+
+def test_a_requests_acceptance_is_a_run_at_an_unknown_rate():
+    """A request keeps each reached position at a rate r ~ Beta(a, b): a (b) its kept (rejected)
+    positions, decayed by DECAY a round, plus PRIOR_WEIGHT positions at the pooled rate. A round
+    of L expects sum_j prod_{i<j} (a + i) / (a + b + i) tokens: the chance of a run of j, which
+    is more than the mean rate to the j-th (a request that kept all so far is valued past them)."""
+    pooled, own = PooledAcceptance(longest=32), Acceptance()
+    assert pooled.rate() == pytest.approx(0.5)  # PRIOR_KEEP before any round
+
+    def run(a, b, L):
+        return sum(math.prod((a + i) / (a + b + i) for i in range(j)) for j in range(1, L + 1))
+
+    assert own.expected(8, pooled) == pytest.approx(run(PRIOR_WEIGHT * 0.5, PRIOR_WEIGHT * 0.5, 8))
+    assert own.expected(0, pooled) == 0.0
+    own.observe(8, 8)  # kept all 8: reached 8, no rejection
+    own.observe(8, 3)  # kept 3, the 4th rejected
+    weight = PRIOR_WEIGHT * DECAY**2
+    a, b = DECAY * 8 + 3 + weight * 0.5, 1.0 + weight * 0.5
+    assert own.kept == pytest.approx(DECAY * 8 + 3) and own.rejected == pytest.approx(1.0)
+    assert own.expected(16, pooled) == pytest.approx(run(a, b, 16))
+    assert own.alive(pooled)[:3] == pytest.approx([1.0, a / (a + b), a * (a + 1) / ((a + b) * (a + b + 1))])
+    assert own.expected(16, pooled) > sum((a / (a + b)) ** j for j in range(1, 17))  # E[r^j] > E[r]^j
+    for _ in range(30):  # a request that keeps all it drafts, round after round: long tiers are worth it
+        own.observe(32, 32)
+    assert own.expected(32, pooled) > 28
+
+
+def test_the_pool_weighs_each_requests_rounds_by_its_prior_weight():
+    """The pooled rate counts a request's rounds by the weight its prior still has in it (1 for
+    its first, then DECAY, DECAY^2, ...): 32 requests that keep all 32 in their first round, then
+    3 stragglers that keep 6 of 32 in 20 rounds each, leave the pool nearer the 32 requests' rate
+    than the same rounds counted alike do."""
+    controller = AdaptiveDraftLength(TIERS, linear_costs())
+    batch = [SimpleNamespace() for _ in range(32)]
+    observe(controller, batch, 32, [32] * 32)
+    for _ in range(20):
+        observe(controller, batch[:3], 32, [6] * 3)
+    alike = PooledAcceptance(longest=32)
+    for _ in range(32):
+        alike.observe(32, 32)
+    for _ in range(60):
+        alike.observe(32, 6)
+    assert controller.pooled.rate() > alike.rate() + 0.03, (controller.pooled.rate(), alike.rate())
+
+
+def test_the_controller_runs_the_tier_with_the_most_tokens_per_second():
+    """A fixed table: a draft that keeps everything runs the longest tier, one that keeps nothing
+    tier 0 (each the argmax of the rates); budgets cap what a request can keep."""
+    for keep, want in ((lambda L: L, 32), (lambda L: 0, 0)):
+        controller = AdaptiveDraftLength(TIERS, linear_costs())
+        for _ in range(200):
+            controller.pooled.observe(32, keep(32))
+        rates = {}
+        for tier in TIERS:
+            tokens = 1 + controller.acceptance(SimpleNamespace()).expected(tier, controller.pooled) if tier else 4
+            rates[tier] = tokens / controller.costs.cost(1, tier, rows_of(tier), 4 if tier == 0 else 1)
+        assert controller.choose([SimpleNamespace()], policies(1), rows_of, steps=4) == want
+        assert max(rates, key=rates.get) == want, rates
+    keeps_all = AdaptiveDraftLength(TIERS, linear_costs())
+    for _ in range(200):
+        keeps_all.pooled.observe(32, 32)
+    assert keeps_all.choose([SimpleNamespace()], policies(1, budget=5), rows_of, steps=4) == 4
+
+
+def test_start_up_measures_the_shortest_drafting_tier_then_tier_zero():
+    """Costs measured online: the shortest drafting tier until its cell is measured (a warm-up
+    and EXPLORE_SAMPLES rounds), then tier 0 alike; after that, the best rate."""
+    controller, req = AdaptiveDraftLength((0, 8, 32), CostTable()), [SimpleNamespace()]
+    tiers = []
+    for _ in range(2 * (1 + EXPLORE_SAMPLES) + 1):
+        tiers.append(controller.choose(req, policies(1), rows_of, steps=4))
+        seconds = (0.001, 4 * 0.012) if tiers[-1] == 0 else (0.02, 0.012)  # a decode step as dear as L = 8's verify
+        observe(controller, req, tiers[-1], [8 if tiers[-1] else 3], *seconds, steps=4 if tiers[-1] == 0 else 1)
+    assert tiers[:-1] == [8] * (1 + EXPLORE_SAMPLES) + [0] * (1 + EXPLORE_SAMPLES)
+    assert tiers[-1] in (8, 32)  # every draft kept: a drafting tier (L = 32 priced from the measured lines)
+
+
+def test_probes_out_of_tier_zero_lose_at_most_the_overhead():
+    """A draft that keeps nothing: tier 0, and a probe of the shortest drafting tier once what it
+    may lose against tier 0 (its seconds less its expected tokens' at tier 0's rate) is at most
+    PROBE_OVERHEAD of the seconds since the last drafting round. Over 2,000 rounds the probes' loss
+    is within PROBE_OVERHEAD of the run's seconds, and probes go on (a draft may get better).
+    Control: a draft that keeps all it drafts leaves tier 0 at its first probe and stays."""
+    costs = linear_costs()
+    for keeps in (False, True):
+        controller, req = AdaptiveDraftLength(TIERS, costs), [SimpleNamespace()]
+        for _ in range(200):
+            controller.pooled.observe(4, 0)
+        tiers, lost, total = [], 0.0, 0.0
+        zero = costs.cost(1, 0, 1, steps=4) / 4  # a decode step: tier 0's seconds per token
+        for _ in range(2000):
+            tier = controller.choose(req, policies(1), rows_of, steps=4)
+            tiers.append(tier)
+            kept = tier if keeps else 0
+            seconds = costs.cost(1, tier, rows_of(tier), 4 if tier == 0 else 1)
+            total += seconds
+            if tier:
+                lost += seconds - (1 + kept) * zero
+            observe(controller, req, tier, [kept if tier else 3], steps=4 if tier == 0 else 1)
+        probes = [i for i, t in enumerate(tiers) if t]
+        if keeps:
+            assert probes[0] > 0 and min(tiers[probes[0] :]) > 0 and tiers[-1] == 32
+        else:
+            assert set(tiers) == {0, 4} and len(probes) > 10 and probes[-1] > 1800
+            assert 0 < lost <= PROBE_OVERHEAD * total
+
+
+def test_a_catch_up_is_priced_by_a_line_through_the_catch_ups():
+    """A catch-up is one draft extend: fixed work plus work per token. Its price is a line through
+    the last catch-ups' seconds beyond their tier's draft part; with one size known, that one's
+    seconds times min(1, tokens / its size) (never scaled up from a small one: per token from 21
+    tokens, the synthetic pair's batch of 32 priced its prompts at 0.56 s against a ~20 ms round)."""
+    controller = AdaptiveDraftLength((0, 8), CostTable())
+    for _ in range(1 + EXPLORE_SAMPLES):
+        controller.costs.observe(1, 8, 9, 0.020, 0.01)
+        controller.costs.observe(32, 8, 9, 0.040, 0.05)
+    assert controller._catch_up_seconds(100) == 0.0  # none seen yet
+    controller._catch_ups.append((1, 8, 0.020 + 0.0095, 21))  # 9.5 ms over 21 tokens
+    assert controller._catch_up_seconds(1253) == pytest.approx(0.0095)
+    assert controller._catch_up_seconds(7) == pytest.approx(0.0095 / 3)
+    controller._catch_ups.append((32, 8, 0.040 + 0.013, 1253))  # 13 ms over 1,253
+    slope = (0.013 - 0.0095) / (1253 - 21)
+    assert controller._catch_up_seconds(600) == pytest.approx(0.0095 + slope * (600 - 21))
+    assert controller._catch_up_seconds(0) == 0.0
+
+
+def test_a_drafting_round_bears_the_share_of_a_catch_up_its_tokens_are_of_what_is_left():
+    """A catch-up is paid once for every drafting round after it: a round bears the share its
+    expected tokens are of the batch's tokens left (up to CATCH_UP_HORIZON a request). A request
+    with 256 tokens to go drafts behind a catch-up that costs as much as 30 decode steps; one
+    with 9 left does not (the round would bear it whole). Control: nothing behind, both draft."""
+    from parse_sglang.request_state import state_of
+
+    costs = linear_costs()
+    controller = AdaptiveDraftLength((0, 8), costs)
+    for _ in range(200):
+        controller.pooled.observe(8, 8)
+    controller.costs = CostTable(draft=dict(costs.draft), rest=dict(costs.rest))  # online: catch-ups are priced
+    for key in list(costs.draft):
+        controller.costs._measured.add((id(controller.costs.draft), key))
+    controller._catch_ups.append((1, 8, costs.draft[1, 8] + 30 * costs.cost(1, 0, 1), 500))
+    for left, behind, want in ((256, 500, 8), (9, 500, 0), (256, 0, 8), (9, 0, 8)):
+        req = SimpleNamespace()
+        state_of(req).draft_behind = behind
+        (p,) = policies(1, budget=min(32, left - 1))
+        p.left = left
+        assert controller.choose([req], [p], rows_of, steps=4) == want, (left, behind)
+
+
+def test_a_head_that_keeps_nothing_is_probed_within_the_overhead():
+    """With an EAGLE-3 head that keeps nothing, tier 0 runs and the head is probed like PARSE's
+    drafting tiers, each kind on its own seconds since it last ran: over 1,000 rounds the head
+    rounds' loss against tier 0 is within PROBE_OVERHEAD of the run's seconds. A head that then
+    keeps all it drafts is chosen outright."""
     costs = linear_costs()
     costs.head = {b: 0.004 for b in (1, 8, 32)}
     controller = AdaptiveDraftLength(TIERS, costs, head_steps=3)
     for _ in range(200):
         controller.pooled.observe(4, 0)
         controller.head_pooled.observe(3, 0)
-    req = [SimpleNamespace()]
-    tiers = []
-    for _ in range(60):
-        tiers.append(controller.choose(req, policies(1), rows_of))
-        if tiers[-1] == HEAD:
+    req, tiers, lost, total = [SimpleNamespace()], [], 0.0, 0.0
+    zero = costs.cost(1, 0, 1, steps=4) / 4
+    for _ in range(1000):
+        tier = controller.choose(req, policies(1), rows_of, steps=4)
+        tiers.append(tier)
+        seconds = costs.cost(1, tier, 4 if tier == HEAD else rows_of(tier), 4 if tier == 0 else 1)
+        total += seconds
+        if tier == HEAD:
+            lost += seconds - zero
             head_round(controller, req, [0])
         else:
-            observe(controller, req, tiers[-1], [0])
-    assert tiers[0] == 0
-    ratio = costs.cost(1, HEAD, 4) / costs.cost(1, 0, 1)  # a head round in decode steps: 1.10
-    keeps = Acceptance().expected(3, controller.head_pooled)  # ~0.01
-    first = math.ceil((ratio - 1 - keeps) / PROBE_OVERHEAD)  # tier-0 steps that pay for a probe's loss
-    heads = [i for i, t in enumerate(tiers) if t == HEAD]
-    assert heads[0] == first, tiers
-    gaps = [tiers[a:b].count(0) for a, b in zip(heads, heads[1:])]  # tier-0 steps between head probes
-    assert gaps[:2] == [2 * first, 4 * first], tiers  # failing probes back off (drafting probes between them apart)
-    assert 4 in tiers, "PARSE's drafting probes go on beside the head's"
-    assert controller._head_backoff > 1
-    while (tier := controller.choose(req, policies(1), rows_of)) != HEAD:
-        observe(controller, req, tier, [0])
-    head_round(controller, req, [3])  # a head round that pays resets the spacing
-    assert controller._head_backoff == 1
+            observe(controller, req, tier, [0 if tier else 3], steps=4 if tier == 0 else 1)
+    assert tiers[0] == 0 and HEAD in tiers and 4 in tiers and tiers[-50:].count(0) > 25
+    assert 0 < lost <= PROBE_OVERHEAD * total
+    while (tier := controller.choose(req, policies(1), rows_of, steps=4)) != HEAD:
+        observe(controller, req, tier, [0 if tier else 3], steps=4 if tier == 0 else 1)
+    for _ in range(20):
+        head_round(controller, req, [3])
+    assert controller.choose(req, policies(1), rows_of, steps=4) == HEAD

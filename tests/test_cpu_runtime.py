@@ -134,3 +134,20 @@ def test_bind_syntax_names_each_core():
     from sglang_cpu.threads_binding import cores_of
 
     assert cores_of("0") == [0] and cores_of("0-3") == [0, 1, 2, 3] and cores_of("0,2,4-5") == [0, 2, 4, 5]
+
+
+def test_the_launcher_adds_the_cpu_settings_a_user_left_out():
+    from sglang_cpu.launch_server import cpu_defaults, has_fast_bf16
+
+    base = ["--model-path", "m"]
+    assert cpu_defaults(base, fast_bf16=True) == [
+        *base, "--device", "cpu", "--attention-backend", "torch_native", "--disable-cuda-graph", "--dtype", "bfloat16",
+        "--sleep-on-idle",
+    ]  # fmt: skip
+    assert cpu_defaults(base, fast_bf16=False)[-3:] == ["--dtype", "float32", "--sleep-on-idle"]
+    # a user's own flag wins, in either spelling
+    own = [*base, "--dtype=float16", "--attention-backend", "intel_amx", "--sleep-on-idle"]
+    added = cpu_defaults(own, fast_bf16=True)[len(own) :]
+    assert added == ["--device", "cpu", "--disable-cuda-graph"]
+    assert has_fast_bf16("flags : fpu avx512f amx_bf16 amx_tile") and has_fast_bf16("flags : avx512_bf16")
+    assert not has_fast_bf16("flags : fpu avx2 avx512f") and not has_fast_bf16("")

@@ -144,14 +144,13 @@ def offline_example(tiny_pair, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server_url(tiny_pair, tmp_path_factory, offline_example):
-    """launch_server.md's CPU command on the tiny pair, at 127.0.0.1 and a free port."""
+    """launch_server.md's CPU command on the tiny pair, at 127.0.0.1 and a free port: no CPU flags,
+    the launcher adds them."""
     target, draft = tiny_pair
     command = [
         sys.executable, "-m", "sglang_cpu.launch_server", "--model-path", str(target),
         "--speculative-algorithm", "PARSE", "--speculative-draft-model-path", str(draft),
-        "--speculative-num-steps", str(NUM_STEPS),
-        "--device", "cpu", "--attention-backend", "torch_native", "--disable-cuda-graph", "--dtype", "float32",
-        "--max-total-tokens", "8192",
+        "--speculative-num-steps", str(NUM_STEPS), "--max-total-tokens", "8192",
     ]  # fmt: skip
     log_path = tmp_path_factory.mktemp("example_server") / "server.log"
     # on a free port, started again if the port is taken first (the example starts beside it)
@@ -160,6 +159,10 @@ def server_url(tiny_pair, tmp_path_factory, offline_example):
     server = Example(proc, log_path)
     try:
         wait_healthy(Server(server.proc, url, server.log_path), timeout=SERVER_START_TIMEOUT)
+        # the launcher set what the CPU needs (the command names none of it)
+        added = re.search(r"sglang_cpu.launch_server adds the CPU's settings: (.*)", log_path.read_text())
+        assert added and added.group(1).split()[:5] == ["--device", "cpu", "--attention-backend", "torch_native",
+                                                        "--disable-cuda-graph"], added  # fmt: skip
         yield url
     finally:
         server.stop(grace=60)

@@ -63,14 +63,14 @@ def run_script(*args: str, timeout: int = 600) -> tuple[list[dict], float, str]:
 @pytest.fixture(scope="module")
 def smoke(tmp_path_factory):
     plot = tmp_path_factory.mktemp("gpu_serving") / "smoke.png"
-    rows, seconds, _ = run_script("--cpu-smoke", "--json", "--plot", str(plot))
+    rows, seconds, stderr = run_script("--cpu-smoke", "--json", "--plot", str(plot))
     print(f"gpu_serving.py --cpu-smoke: {seconds:.0f} s")
-    return rows, plot
+    return rows, plot, stderr
 
 
 @pytest.mark.sglang
 def test_smoke_rows_have_every_mode_and_the_schema(smoke):
-    rows, plot = smoke
+    rows, plot, _ = smoke
     assert {r["mode"] for r in rows} == SMOKE_MODES
     smoke = gpu_serving.SMOKE
     for key in {(r["mode"], r["L"]) for r in rows}:
@@ -86,14 +86,22 @@ def test_smoke_rows_have_every_mode_and_the_schema(smoke):
 
 
 @pytest.mark.sglang
+def test_each_row_is_printed_as_its_engine_finishes(smoke):
+    """stderr carries every measured row as it came (a device call cut short keeps what ran)."""
+    rows, _, stderr = smoke
+    early = [json.loads(line.split("] row ", 1)[1]) for line in stderr.splitlines() if "] row {" in line]
+    assert [(r["mode"], r["L"], r["batch"]) for r in early] == [(r["mode"], r["L"], r["batch"]) for r in rows]
+    assert [r["output_tokens"] for r in early] == [r["output_tokens"] for r in rows]
+
+
+@pytest.mark.sglang
 def test_smoke_values_that_must_hold(smoke):
-    rows, _ = smoke
+    rows, _, _ = smoke
     base = {r["batch"]: r for r in rows if r["mode"] == "target_only"}
     for row in rows:
         target = base[row["batch"]]
+        # clock-derived columns (round_ms, a_break) are derive()'s arithmetic, tested on fixed rows below
         assert row["ratio_to_target_only"] == pytest.approx(row["tokens_per_s"] / target["tokens_per_s"])
-        assert row["target_step_ms"] == pytest.approx(target["round_ms"])
-        assert row["a_break"] == pytest.approx(row["round_ms"] / target["round_ms"] - 1)
         assert row["accepted_per_round"] == pytest.approx(row["tokens_per_round"] - 1)
         if row["mode"].startswith("parse_"):
             # graphs on (the CPU stand-in): every round replayed the draft chain's and the verify's graph
@@ -111,7 +119,7 @@ def test_smoke_values_that_must_hold(smoke):
         if row["mode"] == "parse_judge_reject":  # threshold 1: exact matches only, the lossless output
             assert row["judged_share"] == 0 and row["outputs_equal"] == 1.0
         if row["mode"] == "target_only":
-            assert row["ratio_to_target_only"] == 1.0 and row["tokens_per_round"] == 1.0 and row["a_break"] == 0.0
+            assert row["ratio_to_target_only"] == 1.0 and row["tokens_per_round"] == 1.0
 
 
 @pytest.mark.sglang

@@ -17,7 +17,7 @@ def test_config_defaults_are_the_measured_ones_and_round_trip():
     user turns on is the likelihood judge at λ = 0.2 (docs/settings.md, "Why these defaults")."""
     cfg = ParseConfig()
     assert ParseConfig.from_dict(cfg.to_dict()) == cfg
-    assert (cfg.judge, cfg.adaptive, cfg.draft_budget, cfg.tiers) == (False, True, 32, (0, 8, 32))
+    assert (cfg.judge, cfg.adaptive, cfg.draft_budget, cfg.tiers) == (False, True, 32, (0, 4, 8, 16, 32))
     assert (cfg.judge_mode, cfg.likelihood_threshold, cfg.threshold) == ("likelihood", 0.2, 0.9)
     judged = ParseConfig(judge=True)
     assert (judged.uses_probe, judged.uses_likelihood) == (False, True)

@@ -1,0 +1,414 @@
+"""Exact replay of draft-length policies over recorded lossless traces, under a cost table.
+
+    python -m parse_sglang.replay run TRACE.json [...] --machine MACHINE.json [--batches 8 32]
+        [--no-one-by-one] [--open-loop F] [--tiers 0 8 32] [--fixed 4 8 16 32] [--json]
+    python -m parse_sglang.replay machine --tables COSTS.json [...] --catch-up FIXED_S PER_TOKEN_S
+        --source TEXT --out MACHINE.json
+
+With the judge off the target's output does not depend on the draft, and the draft's greedy chain
+is a function of the committed text: a trace (`benchmarks/trace.py`) holds, at every output
+position p, whether the draft's token matches the target's, so a round starting at p with L drafts
+keeps min(run of matches from p, L, what the request may keep). `serve` runs the *same*
+`DraftLengthPolicy` objects the worker runs (`AdaptiveDraftLength` on a simulated clock,
+`FixedDraftLength`) through that arithmetic, each round priced by the `Machine`: no noise at all.
+
+Loads: a closed batch of B (all arrive at 0), prompts one by one (batch 1, in turn, the server's
+policy state kept between them), an open loop (Poisson arrivals). Against: the target alone
+(one decode step a round), every fixed L, and `oracle_seconds`, the least time any sequence of
+rounds can serve a request in alone (a bound at batch 1: no policy beats it under the same costs).
+
+What is not modelled: the target's prefill (the same for every policy; the draft's share of it is
+priced as a catch-up), the judge (lossless only), and the draft's confidences past a round's
+first mismatch (the trace's teacher-forced ones; they only move `verify_length`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Optional, Sequence
+
+import torch
+
+from parse_sglang.adaptive import CostTable
+from parse_sglang.draft_length import DraftLengthPolicy, FixedDraftLength
+from parse_sglang.settings import ParseConfig
+from parse_sglang.request_state import RequestPolicy, state_of
+
+STOP, TOKEN = 1, 2  # the replay's token ids: where a trace's output ended at a stop token, and any other
+
+
+@dataclass(frozen=True)
+class TraceRequest:
+    prompt_len: int
+    match: str  # "1" where the draft's greedy token at that output position is the target's
+    confidence: tuple  # per mille: the draft's top-1 probability there
+    stopped: bool  # the output ended at a stop token (else at max_new_tokens)
+
+    def run(self, p: int) -> int:
+        """Draft tokens a round starting at output position p matches: the run of matches from p."""
+        end = self.match.find("0", p)
+        return (len(self.match) if end < 0 else end) - p
+
+
+@dataclass
+class Trace:
+    pair: str
+    max_new_tokens: int
+    requests: list
+
+    @classmethod
+    def load(cls, path) -> "Trace":
+        """A trace `benchmarks/trace.py` wrote; errors name the file and the problem."""
+        try:
+            raw = json.loads(Path(path).read_text())
+            requests = [TraceRequest(int(r["prompt_len"]), str(r["match"]), tuple(r["confidence"]), bool(r["stopped"]))
+                        for r in raw["requests"]]  # fmt: skip
+            trace = cls(str(raw["pair"]), int(raw["max_new_tokens"]), requests)
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            raise ValueError(f"trace {path!r} is invalid ({type(err).__name__}: {err}): allowed is what "
+                             "benchmarks/trace.py writes") from None  # fmt: skip
+        bad = [i for i, r in enumerate(requests) if not r.match or len(r.confidence) != len(r.match)]
+        if bad:
+            raise ValueError(
+                f"trace {path!r} is invalid: request {bad[0]} has no output or a confidence per position missing"
+            )
+        return trace
+
+
+@dataclass
+class Machine:
+    """What a round costs on the replayed machine: a fixed `CostTable` (`profile_cost`'s, or one made
+    from recorded figures) and the draft's catch-up over tokens it missed (fixed + per token)."""
+
+    table: CostTable
+    catch_up_fixed: float = 0.0  # seconds of a catch-up, whatever its length
+    catch_up_per_token: float = 0.0  # ... and per token it extends the draft over (summed over the batch)
+    source: str = ""  # what was measured and what is interpolated
+
+    @classmethod
+    def load(cls, path) -> "Machine":
+        """A machine file: {"table": profile_cost's JSON, "catch_up_fixed", "catch_up_per_token", "source"}."""
+        try:
+            raw = json.loads(Path(path).read_text())
+            table = CostTable.from_json(raw["table"], f"machine {str(path)!r}: its table")
+            return cls(table, float(raw.get("catch_up_fixed", 0.0)), float(raw.get("catch_up_per_token", 0.0)),
+                       str(raw.get("source", "")))  # fmt: skip
+        except (OSError, KeyError, TypeError) as err:
+            raise ValueError(f"machine {str(path)!r} is invalid ({type(err).__name__}: {err}): allowed is JSON with "
+                             '"table" (profile_cost\'s), "catch_up_fixed", "catch_up_per_token"') from None  # fmt: skip
+
+    def draft(self, bs: int, tier: int) -> float:
+        """Seconds of a round's draft part (tier 0: the host's share before its steps)."""
+        return self.table.cost(bs, tier, 1 if tier == 0 else tier + 1, steps=0)
+
+    def rest(self, bs: int, tier: int, rows: int) -> float:
+        """Seconds of one verify pass of `rows` rows a request (and the result to the host)."""
+        return self.table.cost(bs, tier, rows, steps=1) - self.table.cost(bs, tier, rows, steps=0)
+
+    def catch_up(self, tokens: int) -> float:
+        return self.catch_up_fixed + self.catch_up_per_token * tokens if tokens else 0.0
+
+
+class SimRequest:
+    """A request being replayed: what a policy reads of it is its `parse` state (`state_of`)."""
+
+    def __init__(self, trace: TraceRequest, arrival: float):
+        self.trace, self.arrival = trace, arrival
+        self.n = 0  # output tokens emitted
+        self.finished_at: Optional[float] = None
+
+
+@dataclass
+class Served:
+    tokens: int = 0
+    seconds: float = 0.0  # from the first arrival to the last finish
+    rounds: int = 0
+    drafted_tokens: int = 0  # summed over requests (mean L = drafted / request-rounds)
+    request_rounds: int = 0
+    latencies: list = field(default_factory=list)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.seconds if self.seconds else 0.0
+
+    def speed(self, load: str) -> float:
+        """What a load is scored by: tokens/s over a closed load's makespan; an open loop's makespan is
+        set by its arrivals, so 1 / its mean latency."""
+        return len(self.latencies) / sum(self.latencies) if load.startswith("open:") else self.tokens_per_s
+
+
+@dataclass(frozen=True)
+class Window:  # what a policy's after_round reads of the worker's window
+    shape: object
+    plan: object
+
+
+@dataclass(frozen=True)
+class _Shape:
+    rows: int
+
+
+@dataclass(frozen=True)
+class _Plan:
+    draft_lens: torch.Tensor  # [bs]
+    confidence: torch.Tensor  # [bs, L]
+    judged: torch.Tensor  # [bs] bool
+
+
+@dataclass(frozen=True)
+class _Result:
+    emitted: list  # [bs][k + 1]
+    lengths: list  # [bs]
+
+
+def _policy(req: SimRequest, config: ParseConfig, max_new: int) -> RequestPolicy:
+    left = max_new - req.n
+    budget = min(config.draft_budget, max(left - 1, 1))
+    stops = frozenset({STOP}) if req.trace.stopped else frozenset()
+    return RequestPolicy(config, budget, False, stops, None, left, req.n)
+
+
+def _token(req: SimRequest, p: int) -> int:
+    return STOP if req.trace.stopped and p == len(req.trace.match) - 1 else TOKEN
+
+
+def serve(policy: DraftLengthPolicy, trace: Trace, machine: Machine, config: ParseConfig, arrivals: Sequence[float],
+          concurrency: int, clock: Optional[list] = None, target_only: bool = False) -> Served:  # fmt: skip
+    """Replay the trace's requests (request i arriving at arrivals[i], at most `concurrency` in the
+    batch, admitted in order) under `policy`; clock: [seconds], the policy's simulated clock (its
+    `clock` reads clock[0]), shared so that a policy's state runs on across calls. target_only:
+    every round one plain decode step, priced as a 1-row verify (SGLang's own decode)."""
+    clock = clock if clock is not None else [0.0]
+    start = clock[0] = max(clock[0], min(arrivals))
+    waiting = [SimRequest(r, start + a - min(arrivals)) for r, a in zip(trace.requests, arrivals)]
+    running, served, deferred = [], Served(), False
+    rows_of = lambda L: L + 1  # noqa: E731 (lossless: the chain's rows, no probes)
+    while waiting or running:
+        while waiting and len(running) < concurrency and waiting[0].arrival <= clock[0]:
+            req = waiting.pop(0)
+            state_of(req).draft_behind = req.trace.prompt_len if deferred or target_only else 0
+            if not deferred and not target_only:  # the draft's prefill beside the target's
+                clock[0] += machine.catch_up(req.trace.prompt_len) - machine.catch_up_fixed
+            running.append(req)
+        if not running:
+            clock[0] = waiting[0].arrival
+            continue
+        bs, policies = len(running), [_policy(r, config, trace.max_new_tokens) for r in running]
+        longest = max(p.left for p in policies)
+        steps = max(min(config.tier0_steps, config.draft_budget + 1, longest), 1)
+        tier = 0 if target_only else policy.choose(running, policies, rows_of, steps)
+        if tier == 0:
+            steps = 1 if target_only else policy.decode_steps(steps)
+            clock[0] += 0.0 if target_only else machine.draft(bs, 0)
+            policy.drafts_on_host(0)  # (the worker's first step plans its window: the round's host part ends)
+            clock[0] += steps * machine.rest(bs, 0, 1)
+            emitted = [[_token(r, r.n + j) for j in range(steps)] for r in running]
+            lengths, window = [steps - 1] * bs, Window(_Shape(1), None)
+            for r in running:
+                state_of(r).draft_behind += steps
+        else:
+            behind = sum(state_of(r).draft_behind for r in running)
+            clock[0] += machine.draft(bs, tier) + machine.catch_up(behind)
+            confidence = torch.zeros(bs, tier)
+            for i, r in enumerate(running):
+                conf = r.trace.confidence[r.n : r.n + tier]
+                confidence[i, : len(conf)] = torch.tensor(conf, dtype=torch.float32) / 1000
+            policy.drafts_on_host(behind)
+            verified = policy.verify_length(policies, confidence, rows_of)
+            clock[0] += machine.rest(bs, tier, rows_of(verified))
+            lens, lengths, emitted = [], [], []
+            for r, p in zip(running, policies):
+                state_of(r).draft_behind = 0
+                drafted = min(verified, p.budget)
+                run = r.trace.run(r.n)  # a stop token the draft matched ends its draft (`cut_at_stop`)
+                stop_at = next((j + 1 for j in range(min(run, drafted)) if _token(r, r.n + j) == STOP), drafted)
+                drafted = min(drafted, stop_at)
+                kept = min(run, drafted)
+                lens.append(drafted)
+                lengths.append(kept)
+                emitted.append([_token(r, r.n + j) for j in range(kept + 1)])
+                served.drafted_tokens += tier
+            window = Window(_Shape(rows_of(verified)), _Plan(torch.tensor(lens), confidence[:, :verified],
+                                                             torch.zeros(bs, dtype=torch.bool)))  # fmt: skip
+        if not target_only:
+            policy.after_round(running, window, _Result(emitted, lengths), steps if tier == 0 else 1)
+        deferred = tier == 0 and not isinstance(policy, FixedDraftLength)
+        served.rounds += 1
+        served.request_rounds += bs
+        for r, out in zip(running, emitted):
+            gained = min(len(out), len(r.trace.match) - r.n)
+            r.n += gained
+            served.tokens += gained
+            if r.n >= len(r.trace.match):
+                r.finished_at = clock[0]
+                served.latencies.append(clock[0] - r.arrival)
+        running = [r for r in running if r.finished_at is None]
+    served.seconds = clock[0] - start
+    return served
+
+
+def oracle_seconds(req: TraceRequest, machine: Machine, config: ParseConfig, lengths: Sequence[int],
+                   max_new: int) -> float:  # fmt: skip
+    """The least seconds any sequence of rounds at batch 1 serves `req` in after its prompt (the
+    draft's prefill of it priced as a catch-up without the fixed part, as `serve` does): tier-0 rounds of 1..tier0_steps steps, drafting rounds of any L in
+    `lengths` (with the catch-up over what the draft missed). Exact dynamic programming: a
+    catch-up is fixed + per token, so from position p with the draft b tokens behind the best is
+    min(Z(p), fixed + per_token * b + H(p)) (b > 0), Z: tier 0 to the end, H: the best whose next
+    drafting round comes after k more tier-0 tokens (each then caught up too)."""
+    T, S = len(req.match), config.tier0_steps
+    step, draft0 = machine.rest(1, 0, 1), machine.draft(1, 0)
+    c0, c1 = machine.catch_up_fixed, machine.catch_up_per_token
+
+    def tier0(k: int) -> float:  # k tokens in the fewest rounds of at most S steps
+        return math.ceil(k / S) * draft0 + k * step
+
+    drafting = {L: machine.draft(1, L) + machine.rest(1, L, L + 1) for L in lengths if L > 0}
+    F = [0.0] * (T + 1)  # the best from p with the draft caught up
+    H = [0.0] * (T + 1)  # the best from p whose next round after k >= 0 tier-0 tokens drafts
+    D = [math.inf] * (T + 1)
+    for p in range(T - 1, -1, -1):
+        left = T - p
+        budget = min(config.draft_budget, max(max_new - p - 1, 1))
+        run = req.run(p)
+        D[p] = min((cost + F[min(p + min(run, L, budget) + 1, T)] for L, cost in drafting.items()), default=math.inf)
+        H[p] = min(tier0(k) + c1 * k + (c0 if k else 0.0) + D[p + k] for k in range(0, left))
+        F[p] = min(tier0(left), H[p])
+    return min(tier0(T), c1 * req.prompt_len + F[0])  # the draft's prefill now, or never (deferring it costs c0 more)
+
+
+def arrivals_of(load: str, count: int, rate: float = 0.0, seed: int = 0) -> tuple[list, int]:
+    """(arrival times, concurrency) of a load: "batch:B", "one_by_one", "open:F" (Poisson at `rate`/s)."""
+    if load == "one_by_one":
+        return [0.0] * count, 1
+    if load.startswith("batch:"):
+        return [0.0] * count, int(load.split(":")[1])
+    if not load.startswith("open:"):
+        raise ValueError(f"load={load!r} is invalid: allowed are one_by_one, batch:B, open:F")
+    rng, t, times = random.Random(seed), 0.0, []
+    for _ in range(count):
+        times.append(t)
+        t += rng.expovariate(rate)
+    return times, 64
+
+
+def policies(config: ParseConfig, fixed: Sequence[int]) -> dict[str, Callable[[list], DraftLengthPolicy]]:
+    """name -> a new policy on the clock [seconds]: "adaptive" (the worker's `AdaptiveDraftLength`, its
+    costs measured online on the simulated clock) and "fixed L" for each L."""
+    from parse_sglang.adaptive import AdaptiveDraftLength
+
+    made = {"adaptive": lambda clock: AdaptiveDraftLength(config.tiers, CostTable(), clock=lambda: clock[0])}
+    for L in fixed:
+        made[f"fixed {L}"] = lambda clock, L=L: FixedDraftLength(L)
+    return made
+
+
+def open_rate(trace: Trace, machine: Machine, load: str, config: ParseConfig) -> float:
+    """Arrivals per second of "open:F": F times the requests per second the target alone serves in
+    closed batches of 8 (0.0 for a closed load)."""
+    if not load.startswith("open:"):
+        return 0.0
+    closed = serve(FixedDraftLength(0), trace, machine, config, *arrivals_of("batch:8", len(trace.requests)),
+                   target_only=True)  # fmt: skip
+    return float(load.split(":")[1]) * len(trace.requests) / closed.seconds
+
+
+def replay(trace: Trace, machine: Machine, load: str, config: ParseConfig, fixed: Sequence[int],
+           oracle: bool = True, warm_up: int = 1) -> dict:  # fmt: skip
+    """Every policy and the target alone over the trace at `load` (`open_rate` for an open loop):
+    each one's `Served.speed` and its ratio to the target alone's (module docstring); oracle: the
+    batch-1 bound with one_by_one; warm_up: runs of the load each policy serves first, its state
+    kept (the controller's start-up exploration is paid there)."""
+    arrivals, concurrency = arrivals_of(load, len(trace.requests), open_rate(trace, machine, load, config))
+    row = {"pair": trace.pair, "load": load}
+    target = serve(FixedDraftLength(0), trace, machine, config, arrivals, concurrency, target_only=True)
+    row["target_only"] = {"speed": target.speed(load), "seconds": target.seconds}
+    for name, make in policies(config, fixed).items():
+        clock = [0.0]
+        cfg = (
+            config
+            if name == "adaptive"
+            else ParseConfig.from_dict({"adaptive": False, "draft_budget": int(name.split()[1])}, base=config)
+        )
+        policy = make(clock)
+        for _ in range(warm_up):  # as the benchmarks time a server: after warm-up runs of the same load
+            serve(policy, trace, machine, cfg, arrivals, concurrency, clock)
+        got = serve(policy, trace, machine, cfg, arrivals, concurrency, clock)
+        row[name] = {"speed": got.speed(load), "x_target": got.speed(load) / target.speed(load),
+                     "mean_L": got.drafted_tokens / max(got.request_rounds, 1), "rounds": got.rounds}  # fmt: skip
+        assert got.tokens == target.tokens, (name, got.tokens, target.tokens)
+    if oracle and load == "one_by_one":
+        lengths = range(1, max(config.tiers) + 1)
+        best = sum(oracle_seconds(r, machine, config, lengths, trace.max_new_tokens) for r in trace.requests)
+        row["oracle"] = {"speed": target.tokens / best, "x_target": target.seconds / best}
+    fixed_best = max((v["speed"], k) for k, v in row.items() if k.startswith("fixed"))
+    row["best_fixed"] = fixed_best[1]
+    row["adaptive_x_best_fixed"] = row["adaptive"]["speed"] / fixed_best[0]
+    return row
+
+
+def make_machine(tables: Sequence[str], catch_up_fixed: float, catch_up_per_token: float, source: str) -> dict:
+    """A machine file's JSON: `profile_cost` tables merged (a cell in several: the last), the catch-up."""
+    merged = CostTable()
+    for path in tables:
+        table = CostTable.load(path)
+        merged.draft.update(table.draft)
+        merged.rest.update(table.rest)
+        merged.head.update(table.head)
+    return {"source": source, "table": merged.to_json(), "catch_up_fixed": catch_up_fixed,
+            "catch_up_per_token": catch_up_per_token}  # fmt: skip
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="replay traces under a machine's costs")
+    run.add_argument("traces", nargs="+")
+    run.add_argument("--machine", required=True, help="cost JSON (`Machine.load`)")
+    run.add_argument("--batches", type=int, nargs="*", default=[8, 32])
+    run.add_argument("--no-one-by-one", action="store_true")
+    run.add_argument(
+        "--open-loop", type=float, default=None, help="F: arrivals at F x the target's closed batch-8 rate"
+    )
+    run.add_argument("--fixed", type=int, nargs="+", default=[4, 8, 16, 32])
+    run.add_argument("--tiers", type=int, nargs="+", default=None, help="the adaptive tiers (default: the package's)")
+    run.add_argument("--json", action="store_true")
+    machine = sub.add_parser("machine", help="write a machine file from profile_cost tables")
+    machine.add_argument("--tables", nargs="+", required=True, help="profile_cost --out files, later ones winning")
+    machine.add_argument("--catch-up", type=float, nargs=2, metavar=("FIXED_S", "PER_TOKEN_S"), required=True)
+    machine.add_argument("--source", required=True, help="what was measured, where and how")
+    machine.add_argument("--out", required=True)
+    args = parser.parse_args(argv)
+    if args.command == "machine":
+        try:
+            made = make_machine(args.tables, *args.catch_up, args.source)
+        except ValueError as err:
+            parser.error(str(err))
+        Path(args.out).write_text(json.dumps(made, indent=1) + "\n")
+        return 0
+    config = ParseConfig.from_dict({"adaptive": True, **({"adaptive_tiers": args.tiers} if args.tiers else {})})
+    machine = Machine.load(args.machine)
+    loads = ([] if args.no_one_by_one else ["one_by_one"]) + [f"batch:{b}" for b in args.batches]
+    loads += [f"open:{args.open_loop}"] if args.open_loop else []
+    for path in args.traces:
+        trace = Trace.load(path)
+        for load in loads:
+            row = replay(trace, machine, load, config, args.fixed)
+            if args.json:
+                print(json.dumps(row))
+                continue
+            cells = "  ".join(
+                f"{k} {v['x_target']:.3f}" for k, v in row.items() if isinstance(v, dict) and "x_target" in v
+            )
+            print(f"{trace.pair:>16} {load:>11}  {cells}  adaptive/best fixed ({row['best_fixed']}) "
+                  f"{row['adaptive_x_best_fixed']:.3f}")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
