@@ -30,14 +30,11 @@ MISSING = object()
 
 # name -> {adaptive's attribute ("Class.attr" for a class's): the value at which its rule never fires}
 ABLATIONS = {
-    "catch-up share": {"CATCH_UP_HORIZON": 0},  # a drafting round bears a catch-up whole
     "catch-up priced": {"AdaptiveDraftLength._catch_up_seconds": lambda self, tokens: 0.0},
     "probes": {"PROBE_OVERHEAD": 0.0},  # after start-up, tier 0 is never left on a probe
     "probe backoff": {"PROBE_BACKOFF_MAX": 1},
     "output ends": {"OutputEnds.going": lambda self, lens, horizon: None},
-    "tier-0 steps cut": {"running_steps": lambda going, steps: steps},
     "verify cut": {"CALIBRATED": float("inf")},
-    "priced at its batch size": {"CostTable._at": lambda self, cells, key, batch_size: cells[key]},
 }
 
 

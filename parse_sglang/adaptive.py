@@ -49,7 +49,6 @@ SAMPLES = 5  # a cost cell is the median of its last SAMPLES rounds (robust to a
 EXPLORE_SAMPLES = 2  # rounds that make a tier's cost in a bucket measured (after its warm-up)
 PROBE_OVERHEAD = 0.02  # a probe out of tier 0 may lose this share of the seconds since its kind last ran
 PROBE_BACKOFF_MAX = 32  # ... divided by 2 for each probe in a row that did not pay, down to 1 / PROBE_BACKOFF_MAX
-CATCH_UP_HORIZON = 256  # tokens of each request's output ahead that a catch-up is spread over
 ENDED_KEPT = 128  # finished requests whose output lengths say where outputs end
 ENDED_PRIOR = 2.0  # requests' worth of an output that never ends, beside them
 CONFIDENCE_BINS = 10  # buckets of the draft's top-1 probability, [k/10, (k+1)/10)
@@ -121,7 +120,6 @@ class CostTable:
     head: dict = field(default_factory=dict)  # bucket -> seconds of a head round's draft part (its tier HEAD)
     fixed: bool = False
     _samples: dict = field(default_factory=dict)  # (cells, key) -> [warm-up, the last SAMPLES seconds]
-    _sizes: dict = field(default_factory=dict)  # (cells, key) -> the batch sizes of its counted samples
     _measured: set = field(default_factory=set)  # (cells, key) that have had EXPLORE_SAMPLES counted samples
 
     def observe(self, batch_size: int, tier: int, rows: int, draft_s: Optional[float], rest_s: Optional[float]) -> None:
@@ -136,38 +134,13 @@ class CostTable:
             samples = self._samples.setdefault(cell, [])
             if value is None and samples:  # no sample of the tier's cost, unless as its warm-up round
                 continue
-            sizes = self._sizes.setdefault(cell, collections.deque(maxlen=SAMPLES))
             samples.append(value)
             if len(samples) == 1:  # the warm-up round: not counted
                 continue
             del samples[1 : max(1, len(samples) - SAMPLES)]  # the warm-up marker and the last SAMPLES rounds
             cells[key] = statistics.median(samples[1:])
-            sizes.append(batch_size)
             if len(samples) > EXPLORE_SAMPLES:
                 self._measured.add(cell)
-
-    def _at(self, cells: dict, key, batch_size: int) -> float:
-        """A measured cell's seconds at `batch_size`: its bucket's cell holds rounds of any size
-        in the bucket, so between the mean size of its samples and that of the same cell in the
-        neighbouring bucket on batch_size's side, the two cells' seconds interpolated (never
-        beyond them); the cell itself where that neighbour has none (a loaded table's cells have
-        no sizes). Each cell is measured at the sizes its own tier ran at: by the bucket alone, two
-        tiers' prices at one batch size would be read at different sizes."""
-        value, size = cells[key], self._mean_size(cells, key)
-        if size is None or batch_size == size:
-            return value
-        b, rest = (key[0], key[1:]) if isinstance(key, tuple) else (key, ())
-        other = (b // 2 if batch_size < size else 2 * b, *rest)
-        other = other if rest else other[0]
-        other_size = self._mean_size(cells, other) if other in cells else None
-        if other_size is None:
-            return value
-        # the neighbour's sizes lie beyond the bucket's, batch_size within it: a weight in (0, 1]
-        return value + (batch_size - size) / (other_size - size) * (cells[other] - value)
-
-    def _mean_size(self, cells: dict, key) -> Optional[float]:
-        sizes = self._sizes.get((id(cells), key))
-        return statistics.fmean(sizes) if sizes else None
 
     def cost(self, batch_size: int, tier: int, rows: int, steps: int = 1) -> Optional[float]:
         """Seconds of a round at this tier and verify rows (`steps` verify passes: a tier-0
@@ -181,43 +154,37 @@ class CostTable:
           the nearest fuller bucket's curve, scaled to that cell (`_estimate`).
         - The head tier from head rounds, the nearest bucket's; before any, as a tier-0 round of its
           rows (its cheapest: a price that lets it be tried).
-        Another bucket's cells are `_scaled_down` to the batch; the batch's own are read at its size (`_at`)."""
+        Another bucket's cells are `_scaled_down` to the batch."""
         b = bucket(batch_size)
         nearest = sorted({bb for bb, _ in self.draft} | {bb for bb, _ in self.rest} | {b},
                          key=lambda bb: (abs(bb.bit_length() - b.bit_length()), bb))  # fmt: skip
         if tier == HEAD:
             for bb in sorted(self.head, key=lambda bb: (abs(bb.bit_length() - b.bit_length()), bb)):
-                rest = _interpolate(self._rest_points(bb, size=batch_size if bb == b else None), rows)
+                rest = _interpolate(self._rest_points(bb), rows)
                 if rest is not None:
-                    head = self._at(self.head, bb, batch_size) if bb == b else self.head[bb]
+                    head = self.head[bb]
                     return (head + rest) * _scaled_down(b, bb)
             tier = 0
         if tier == 0:
             ran = next((bb for bb in nearest if (bb, 0) in self.draft and (bb, rows) in self.rest), None)
             if ran == b:
-                return self._at(self.draft, (b, 0), batch_size) + steps * self._at(self.rest, (b, rows), batch_size)
+                return self.draft[b, 0] + steps * self.rest[b, rows]
             if ran is not None:
                 return (self.draft[ran, 0] + steps * self.rest[ran, rows]) * _scaled_down(b, ran)
         for decode in (False, True):  # tier-0 cells only where no bucket holds two drafting ones (exploring)
-            draft = _estimate(
-                lambda bb: self._draft_points(bb, decode, batch_size if bb == b else None), tier + 1, nearest
-            )
-            rest = _estimate(lambda bb: self._rest_points(bb, decode, batch_size if bb == b else None), rows, nearest)
+            draft = _estimate(lambda bb: self._draft_points(bb, decode), tier + 1, nearest)
+            rest = _estimate(lambda bb: self._rest_points(bb, decode), rows, nearest)
             if draft is not None and rest is not None:
                 return draft + steps * rest
         return None
 
-    def _draft_points(self, b: int, decode: bool = False, size: Optional[int] = None) -> dict:
-        """{L + 1: seconds} of the bucket's drafting rounds' draft part (decode: tier 0's too),
-        at batch size `size` (`_at`; None: the cells as they are)."""
-        return {L + 1: self._at(self.draft, (c, L), size) if size else s
-                for (c, L), s in self.draft.items() if c == b and (L > 0 or decode)}  # fmt: skip
+    def _draft_points(self, b: int, decode: bool = False) -> dict:
+        """{L + 1: seconds} of the bucket's drafting rounds' draft part (decode: tier 0's too)."""
+        return {L + 1: s for (c, L), s in self.draft.items() if c == b and (L > 0 or decode)}
 
-    def _rest_points(self, b: int, decode: bool = False, size: Optional[int] = None) -> dict:
-        """{verify rows: seconds} of the bucket's rounds with drafts (decode: a decode step's one
-        row too), at batch size `size` (`_at`; None: the cells as they are)."""
-        return {r: self._at(self.rest, (c, r), size) if size else s
-                for (c, r), s in self.rest.items() if c == b and (r > 1 or decode)}  # fmt: skip
+    def _rest_points(self, b: int, decode: bool = False) -> dict:
+        """{verify rows: seconds} of the bucket's rounds with drafts (decode: a decode step's one row too)."""
+        return {r: s for (c, r), s in self.rest.items() if c == b and (r > 1 or decode)}
 
     def measured_tiers(self, batch_size: int) -> set[int]:
         """Tiers whose draft cost in this bucket has rested on at least EXPLORE_SAMPLES rounds
@@ -449,7 +416,7 @@ class OutputEnds:
 class AdaptiveDraftLength(DraftLengthPolicy):
     """Each round, the tier with the most expected tokens per expected second (docs/adaptive.md):
     tokens from each request's keep rate (`Acceptance`) within where outputs end (`OutputEnds`),
-    seconds from the cost table plus a drafting round's catch-up (`_catch_up_share`). Exploration
+    seconds from the cost table plus a drafting round's catch-up (`_catch_up_seconds`). Exploration
     (`_explore`): the shortest drafting tier, then tier 0, until both are measured; after that a
     probe out of tier 0 where what it may lose fits in PROBE_OVERHEAD of the seconds since that
     kind of round last ran. With an EAGLE-3 head the tier HEAD is one more choice (docs/eagle3.md)."""
@@ -473,7 +440,6 @@ class AdaptiveDraftLength(DraftLengthPolicy):
         self._clock = {}  # this round's times at its host crossings (its measured costs)
         self._policies = ()  # this round's RequestPolicy per request
         self._tier = 0  # this round's tier
-        self._zero_steps = 1  # the decode steps of this round were it tier 0 (`running_steps`)
 
     @classmethod
     def of(cls, config) -> "AdaptiveDraftLength":
@@ -510,13 +476,8 @@ class AdaptiveDraftLength(DraftLengthPolicy):
         self._clock = {"start": self.clock()}
         self._policies, self._probe = policies, None
         going = self.ends.going([p.output_len for p in policies], max(self.tiers[-1], self.head_steps or 0, steps))
-        self._zero_steps = running_steps(going, steps)
-        self._tier = self._best_tier(reqs, policies, rows_of, self._zero_steps, going)
+        self._tier = self._best_tier(reqs, policies, rows_of, steps, going)
         return self._tier
-
-    def decode_steps(self, steps: int) -> int:
-        """A tier-0 round's decode steps: `choose`'s `running_steps` of the batch."""
-        return min(steps, self._zero_steps)
 
     def verify_length(self, policies, confidence, rows_of) -> int:
         """The tier (at most the drafted L) whose verify gives the batch the most expected tokens
@@ -568,16 +529,12 @@ class AdaptiveDraftLength(DraftLengthPolicy):
             first = next((t for t in self.tiers if t > 0), self.tiers[0])
             return first if first not in self.costs.measured_tiers(bs) else self.tiers[0]
         catch_up = self._catch_up_seconds(sum(state_of(req).draft_behind for req in reqs))
-        left = 0.0  # tokens the batch is expected to still emit, CATCH_UP_HORIZON ahead at most
-        if catch_up:
-            ahead = self.ends.going([p.output_len for p in policies], CATCH_UP_HORIZON)
-            left = self._expected_tokens(0, reqs, policies, CATCH_UP_HORIZON, ahead)
         tokens, seconds = {}, {}
         for tier in self.tiers + ([HEAD] if self.head_steps else []):
             cost = self.costs.cost(bs, tier, self._rows(tier, rows_of), steps if tier == 0 else 1)
             if cost is not None and cost > 0:
                 tokens[tier] = self._expected_tokens(tier, reqs, policies, steps, going)
-                seconds[tier] = cost + (_catch_up_share(catch_up, tokens[tier], left) if tier > 0 else 0.0)
+                seconds[tier] = cost + (catch_up if tier > 0 else 0.0)
         if not tokens:
             return self.tiers[0]
         rate = {t: tokens[t] / seconds[t] for t in tokens}
@@ -678,26 +635,6 @@ def _emitted(alive: torch.Tensor, policies, k: int, going: Optional[torch.Tensor
     can keep (`reach`), each weighed by `going` [bs, >= k + 1] (None: every one)."""
     reached = torch.arange(k + 1) <= torch.tensor([reach(p, k) for p in policies])[:, None]  # [bs, k + 1]
     return float((alive * reached * (1.0 if going is None else going[:, : k + 1])).sum())
-
-
-def _catch_up_share(catch_up: float, tokens: float, left: float) -> float:
-    """The seconds of a `catch_up` one drafting round bears: the share its `tokens` are of the
-    `left` tokens the batch is expected to emit within CATCH_UP_HORIZON (each request's budget,
-    weighed by where outputs end). The catch-up is paid once for every drafting round after it;
-    a round that emits all that is left bears it whole."""
-    return catch_up * min(1.0, tokens / left) if left > 0 else catch_up
-
-
-def running_steps(going: Optional[torch.Tensor], steps: int) -> int:
-    """The decode steps of a tier-0 round of at most `steps`: up to the first whose token the batch
-    more likely than not does not need (every request's output more likely ended before it, by
-    `OutputEnds.going` [bs, > steps]; None: all `steps`). A step past the end of every request's
-    output is a whole step of waste at batch 1 (SGLang cuts the tokens after a stop): with 4 steps
-    a round, by arithmetic, 1.5 steps a request on average, 3% of the synthetic pair's answers."""
-    if going is None:
-        return steps
-    anyone = 1 - torch.prod(1 - going[:, :steps], dim=0)  # [steps] P(some request emits step j's token)
-    return max(int((anyone >= 0.5).sum()), 1)  # non-increasing in j: the leading run
 
 
 def reach(policy, tier: int) -> int:

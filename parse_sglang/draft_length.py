@@ -21,10 +21,6 @@ class DraftLengthPolicy:
         request at L; steps: the decode steps a round of L = 0 would run."""
         raise NotImplementedError
 
-    def decode_steps(self, steps: int) -> int:
-        """The decode steps of a round `choose` made tier 0 (L = 0), at most `steps`."""
-        return steps
-
     def drafts_on_host(self, caught_up: int = 0) -> None:
         """The round's drafts reached the host: its draft part ends; caught_up > 0: it held a
         catch-up over that many tokens the draft missed (`Draft.caught_up`), no cost of the round's tier."""

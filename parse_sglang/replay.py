@@ -204,7 +204,7 @@ def serve(policy: DraftLengthPolicy, trace: Trace, machine: Machine, config: Par
         steps = max(min(config.tier0_steps, config.draft_budget + 1, longest), 1)
         tier = 0 if target_only else policy.choose(running, policies, rows_of, steps)
         if tier == 0:
-            steps = 1 if target_only else policy.decode_steps(steps)
+            steps = 1 if target_only else steps
             clock[0] += 0.0 if target_only else machine.draft(bs, 0)
             policy.drafts_on_host(0)  # (the worker's first step plans its window: the round's host part ends)
             clock[0] += steps * machine.rest(bs, 0, 1)

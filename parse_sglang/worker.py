@@ -195,8 +195,7 @@ class ParseWorker(WorkerSetup, BaseSpecWorker):
         """The round's L: the server's, or the tier the adaptive controller chooses (rank 0's
         on a tensor-parallel server: its costs are its own measurements); and the decode steps
         a tier-0 round runs: `tier0_steps`, at most L + 1 (the slots SGLang reserves per round)
-        and the longest output a request has left, fewer where the batch's outputs more likely
-        ended (`adaptive.running_steps`), and 1 where a step's token must reach the host before
+        and the longest output a request has left, and 1 where a step's token must reach the host before
         the next is sampled (a grammar, penalties) or logprobs are returned (every rank knows the
         same of its batch)."""
         info = batch.sampling_info
@@ -208,7 +207,6 @@ class ParseWorker(WorkerSetup, BaseSpecWorker):
         longest = max(self.config.tier0_steps if p.left is None else p.left for p in policies)
         steps = 1 if stepwise else max(min(self.config.tier0_steps, self.config.draft_budget + 1, longest), 1)
         length = self.draft_length.choose(batch.reqs, policies, self._rows_of(policies), steps)
-        steps = self.draft_length.decode_steps(steps) if length == 0 else steps  # fewer near the outputs' ends
         length, steps = self._shared(length, steps)
         self._drafting = length > 0  # what the next prefill defers by (the same on every TP rank)
         return length, steps

@@ -29,7 +29,6 @@ from parse_sglang.adaptive import (
     OutputEnds,
     PooledAcceptance,
     bucket,
-    running_steps,
 )
 from parse_sglang.profile_cost import main as profile_cost_main
 from parse_sglang.settings import ParseConfig, server_parse_config
@@ -117,38 +116,6 @@ def test_cost_table_skips_warm_up_takes_medians_and_interpolates():
             table.observe(8, tier, tier + 1, seconds, seconds)
     assert table.cost(8, 4, 5) == pytest.approx(2.0)  # its own, once it has them
     assert table.cost(4, 4, 5) == pytest.approx(1.0)  # 4: nearer 8 than 1 (powers of two), scaled by 4 / 8
-
-
-def test_a_round_is_priced_at_its_own_batch_size_within_its_bucket(tmp_path):
-    """A bucket's cell holds rounds of any size in it: a round is priced between the mean size of
-    the cell's samples and that of the same cell in the neighbouring bucket on its side, the two
-    cells' seconds interpolated, never beyond them. Each cell at its own sizes: in the synthetic
-    pair's open loop at batch 32 (CPU), priced per bucket, L = 8 low in a bucket cost 0.80 of its
-    price and L = 32 1.00, and L = 32 ran there. Controls: at the cell's own size, and where the
-    neighbour on that side has no cell, the cell itself; a loaded table, its cells."""
-    table = CostTable()
-    cells = {  # (batch size, L) -> (draft part, rest) seconds
-        (4, 8): (0.040, 0.010),
-        (8, 8): (0.060, 0.014),
-        (6, 32): (0.120, 0.020),  # bucket 8's L = 32 ran at batch 6
-        (3, 32): (0.090, 0.016),
-    }
-    for (bs, L), (draft_s, rest_s) in cells.items():
-        for _ in range(1 + EXPLORE_SAMPLES):
-            table.observe(bs, L, L + 1, draft_s, rest_s)
-    assert table.cost(8, 8, 9) == pytest.approx(0.074)  # control: the cell's own size
-    # batch 5: 3/4 of the way from bucket 8's size (8) to bucket 4's (4)
-    assert table.cost(5, 8, 9) == pytest.approx(0.074 + 0.75 * (0.050 - 0.074))
-    # L = 32 at batch 5: a third of the way from its cell's size (6) to bucket 4's (3)
-    assert table.cost(5, 32, 33) == pytest.approx(0.140 + (0.106 - 0.140) / 3)
-    assert table.cost(8, 32, 33) == pytest.approx(0.140)  # above its size: no bucket 16 cell, the cell itself
-    assert table.cost(3, 32, 33) == pytest.approx(0.106)
-    assert table.cost(4, 8, 9) == pytest.approx(0.050)
-    # L = 8's rate (9 tokens a round kept whole) against L = 32's (33) at batch 5: a fifth above the per-bucket prices'
-    assert (9 / table.cost(5, 8, 9)) / (33 / table.cost(5, 32, 33)) > (9 / 0.074) / (33 / 0.140) * 1.2
-    (tmp_path / "costs.json").write_text(json.dumps(table.to_json()))
-    loaded = CostTable.load(str(tmp_path / "costs.json"))
-    assert loaded.cost(5, 8, 9) == pytest.approx(0.074)  # control: a loaded table has no sizes
 
 
 def test_a_smaller_bucket_prices_a_larger_ones_drafting_rounds_in_proportion():
@@ -311,33 +278,6 @@ def test_draft_tokens_past_where_outputs_end_are_worth_nothing():
         controller.ends.observe_round([stopping], SimpleNamespace(emitted=[[5, 5, 5, 5, 5, 2]], lengths=[5]))
     assert controller.choose([SimpleNamespace()], [late], rows_of) == 4
     assert controller.choose([SimpleNamespace()], [early], rows_of) == 32
-
-
-def test_tier_zero_rounds_stop_where_the_batch_more_likely_ended():
-    """A tier-0 round runs its decode steps up to the first whose token every request of the batch
-    more likely than not no longer needs (past requests stopped at 38 tokens, 15 of 20): a request
-    36 tokens out runs 2 of 4 steps (tokens 37 and 38), one 17 out all 4, and a batch of the two
-    all 4 (its steps still serve the earlier request). Control: no ends seen, all 4."""
-    assert running_steps(None, 4) == 4
-    assert running_steps(torch.tensor([[1.0, 0.9, 0.6, 0.4, 0.2]]), 4) == 3
-    assert running_steps(torch.tensor([[1.0, 0.1, 0.1, 0.1, 0.1]]), 4) == 1  # at least one
-    assert running_steps(torch.tensor([[1.0, 0.4, 0.4, 0.4], [1.0, 0.4, 0.4, 0.4]]), 4) == 4  # P(any) = 0.64
-    controller = AdaptiveDraftLength([0, 8], linear_costs())
-    near, far = policies(2, budget=8)
-    near.output_len, far.output_len = 36, 17
-    for reqs, steps in (([near], 4), ([far], 4), ([near, far], 4)):
-        controller.choose([SimpleNamespace() for _ in reqs], reqs, rows_of, steps=4)
-        assert controller.decode_steps(4) == steps, "no ends seen: every step"
-    stopping, cut = (
-        SimpleNamespace(left=30, output_len=32, stop_ids=EOS),
-        SimpleNamespace(left=4, output_len=60, stop_ids=EOS),
-    )
-    for i in range(20):  # 15 stopped at 38, 5 cut at 64: P(F > 38 | F > 36) = 1 - 15 / (20 + ENDED_PRIOR)
-        ended = (stopping, [[5, 5, 5, 5, 5, 2]], [5]) if i < 15 else (cut, [[5, 6, 7, 8, 9]], [4])
-        controller.ends.observe_round([ended[0]], SimpleNamespace(emitted=ended[1], lengths=ended[2]))
-    for reqs, steps in (([near], 2), ([far], 4), ([near, far], 4)):
-        controller.choose([SimpleNamespace() for _ in reqs], reqs, rows_of, steps=4)
-        assert controller.decode_steps(4) == steps and controller.decode_steps(1) == 1
 
 
 def test_the_verify_stops_where_calibrated_confidence_says_the_draft_will_not_survive():
@@ -712,11 +652,10 @@ def test_a_catch_up_is_priced_by_a_line_through_the_catch_ups():
     assert controller._catch_up_seconds(0) == 0.0
 
 
-def test_a_drafting_round_bears_the_share_of_a_catch_up_its_tokens_are_of_what_is_left():
-    """A catch-up is paid once for every drafting round after it: a round bears the share its
-    expected tokens are of the batch's tokens left (up to CATCH_UP_HORIZON a request). A request
-    with 256 tokens to go drafts behind a catch-up that costs as much as 30 decode steps; one
-    with 9 left does not (the round would bear it whole). Control: nothing behind, both draft."""
+def test_a_drafting_round_bears_its_catch_up():
+    """A drafting round first catches the draft up over what the batch committed without it, and
+    is priced with it: behind a catch-up that costs as much as 30 decode steps a draft that keeps
+    all it drafts stays at tier 0; with nothing behind it drafts."""
     from parse_sglang.request_state import state_of
 
     costs = linear_costs()
@@ -727,12 +666,10 @@ def test_a_drafting_round_bears_the_share_of_a_catch_up_its_tokens_are_of_what_i
     for key in list(costs.draft):
         controller.costs._measured.add((id(controller.costs.draft), key))
     controller._catch_ups.append((1, 8, costs.draft[1, 8] + 30 * costs.cost(1, 0, 1), 500))
-    for left, behind, want in ((256, 500, 8), (9, 500, 0), (256, 0, 8), (9, 0, 8)):
+    for behind, want in ((500, 0), (0, 8)):
         req = SimpleNamespace()
         state_of(req).draft_behind = behind
-        (p,) = policies(1, budget=min(32, left - 1))
-        p.left = left
-        assert controller.choose([req], [p], rows_of, steps=4) == want, (left, behind)
+        assert controller.choose([req], policies(1), rows_of, steps=4) == want, behind
 
 
 def test_a_head_that_keeps_nothing_is_probed_within_the_overhead():

@@ -62,7 +62,7 @@ def test_default_engine_has_no_parse_settings_and_the_packages_config():
     settings = [(s.config.draft_budget, s.config.adaptive, s.config.judge) for s in fixed]
     assert settings == [(4, False, False), (8, False, False)]
     assert (adaptive.config.draft_budget, adaptive.config.adaptive, adaptive.config.judge) == (8, True, False)
-    assert adaptive.config.tiers == (0, 8)  # the package's default tiers at L = 8
+    assert adaptive.config.tiers == (0, 4, 8)  # the package's default tiers at L = 8
     assert fixed[0].settings["speculative_num_steps"] == 4
     adaptive = bench.engines(bench_args(adaptive_tiers=[0, 2, 4]), pair())[4]  # --adaptive-tiers
     assert adaptive.rows[0].mode == "adaptive" and adaptive.config.tiers == (0, 2, 4, 8)

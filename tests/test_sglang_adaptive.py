@@ -137,11 +137,13 @@ def test_identical_draft_runs_the_longest_tier(tiny_pair, drafts, pinned_costs, 
     drafts again after tier-0 rounds first extends the draft over the tokens they committed
     (without that its drafts would miss their KV and not be the target's own tokens). The first
     probe comes when tier-0 rounds have paid for its loss at PROBE_OVERHEAD (by the pinned costs,
-    less what a new server's prior expects it to keep)."""
+    less what a new server's prior expects it to keep, in tier-0 rounds of 4 steps)."""
     costs, n = CostTable.load(pinned_costs), len(BATCH_PROMPTS)
     fresh = AdaptiveDraftLength(TIERS, costs)  # the server's tiers: adaptive_tiers and L
     keeps = fresh.acceptance(SimpleNamespace()).expected(2, fresh.pooled)
-    first_probe = math.ceil((costs.cost(n, 2, 3) / costs.cost(n, 0, 1) - 1 - keeps) / PROBE_OVERHEAD)
+    zero = costs.cost(n, 0, 1, steps=4)  # a tier-0 round: 4 decode steps, each a round of L = 0
+    loss = costs.cost(n, 2, 3) - (1 + keeps) * zero / 4  # a probe's seconds less its tokens' at tier 0's rate
+    first_probe = 4 * math.ceil(loss / (PROBE_OVERHEAD * zero))
     outs, lengths, totals = serve(engine_factory, tiny_pair[0], drafts["identical"], adaptive(pinned_costs))
     assert_lossless(outs, target_greedy)
     for out, per_round in zip(outs, lengths):

@@ -134,7 +134,8 @@ def test_graph_reservations_of_the_design_example():
     assert lossless.verify_kv_indices == chain_indices
     # Adaptive tiers 0/8/32: widths 1, 9+23, 9, 33 and 125; chains of 10 and 34 steps (tier 0 has
     # none: its rounds skip the draft).
-    adaptive = reservations(probe_config(draft_budget=32, probe_stride=8, adaptive=True), suffix_len=23)
+    adaptive = reservations(probe_config(draft_budget=32, probe_stride=8, adaptive=True, adaptive_tiers=[0, 8]),
+                            suffix_len=23)  # fmt: skip
     assert adaptive.verify_kv_indices == 48 * (1 + 32 + 9 + 125 + 33) * 40960 * 4
     assert adaptive.draft_kv_indices == (10 + 34) * 48 * 40960 * 4
     # With an EAGLE-3 head of k = 3 reading 3 aux layers of hidden 4096 (bf16): its head-round verify
