@@ -548,12 +548,16 @@ class AdaptiveDraftLength(DraftLengthPolicy):
         round last ran, over its backoff (doubled by each probe in a row that did not pay): a
         request at tier 0 shows no acceptance, and a draft's text gets better."""
         probes = [(DRAFTING, next((t for t in self.tiers if t > 0), None))] + ([(HEAD, HEAD)] if best == 0 else [])
+        due = []
         for kind, tier in probes:
             loss = seconds[tier] - tokens[tier] / rate[best] if tier in seconds else math.inf  # seconds
             if loss <= PROBE_OVERHEAD * self._since[kind] / self._backoff[kind]:
-                self._probe = (kind, rate[best] * seconds[tier])  # the tokens it must beat
-                return tier
-        return best
+                due.append((self._since[kind], -seconds[tier], kind, tier))
+        if not due:
+            return best
+        *_, kind, tier = max(due)  # the kind that ran longest ago (one never starves the other), then the cheaper
+        self._probe = (kind, rate[best] * seconds[tier])  # the tokens it must beat
+        return tier
 
     def _catch_up_seconds(self, tokens: int) -> float:
         """Seconds of a catch-up over `tokens`: a line (fixed + per token) through the last catch-ups'

@@ -37,9 +37,8 @@ SHORTEST_TIER = 4  # the default adaptive tiers: 0, and L, L / 2, L / 4, ... whi
 
 def default_tiers(length: int) -> tuple[int, ...]:
     """An adaptive server's tiers at draft budget L = `length`: 0, and L halved while it stays at
-    least SHORTEST_TIER (L = 32: {0, 4, 8, 16, 32}; 8: {0, 4, 8}; 2: {0, 2}). Chosen by exact
-    replay over every trace, machine and load (docs/adaptive.md): {0, 8, 32} lost up to 20% where
-    the best fixed L was 4 or 16."""
+    least SHORTEST_TIER (L = 32: {0, 4, 8, 16, 32}; 8: {0, 4, 8}; 2: {0, 2}). By exact replay
+    (docs/settings.md), {0, 8, 32} lost up to 20% to the best fixed L where that was 4."""
     tiers, tier = [0], length
     while True:
         tiers.append(tier)

@@ -81,14 +81,14 @@ def assert_head_drafts_are_head_greedy(outs, prompts, head_path, target_path) ->
     return checked, ties
 
 
-def serve(engine_factory, target, draft, prompts, head, costs, engine_settings=(), **settings):
+def serve(engine_factory, target, draft, prompts, head, costs, engine_settings=(), params=(), **settings):
     """(outputs, server totals) of a PARSE server with `head` (adaptive, L <= 8, lossless unless
-    `settings` say otherwise; engine_settings: more sglang.Engine arguments)."""
+    `settings` say otherwise; engine_settings: more sglang.Engine arguments; params: PARAMS' changes)."""
     settings = {"judge": False, **settings}
     config = ParseConfig(draft_budget=8, adaptive=True, adaptive_tiers=[0, 4], cost_table=costs, eagle3_head=str(head),
                          **settings)  # fmt: skip
     with engine_factory(target, **parse_engine_kwargs(draft, config), **dict(engine_settings)) as engine:
-        outs = engine.generate(input_ids=prompts, sampling_params={**PARAMS, "custom_params": SCORES})
+        outs = engine.generate(input_ids=prompts, sampling_params={**PARAMS, "custom_params": SCORES, **dict(params)})
         totals = engine.get_server_info()["internal_states"][0]["parse"]
     return outs, totals
 
@@ -164,11 +164,12 @@ def test_head_rounds_replay_graphs(pair_and_prompts, pinned_costs, distilled_hea
 def test_the_heads_kv_follows_judged_acceptances(pair_and_prompts, distilled_head, engine_factory, tmp_path):
     """Under the judge a kept draft token need not be the target's prediction: the head is
     extended over what the round emitted, so its drafts after judged rounds are still a fresh
-    head's over the committed text. (A head round at 1.5 tier-0 rounds here: judged drafting
-    rounds pay so well that a dearer head would rarely run.)"""
+    head's over the committed text. (A head round at 1.5 tier-0 rounds: head rounds run first, and
+    long outputs let the probes of PARSE's judged drafting come in between.)"""
     target, draft, prompts = pair_and_prompts
     costs = write_pinned_costs(tmp_path / "costs.json", (0, 4, 8), head=0.01, draft_step=DRAFT_STEP)
-    outs, _ = serve(engine_factory, target, draft, prompts, distilled_head, costs, **JUDGED)
+    long = {"max_new_tokens": 256, "ignore_eos": True}.items()
+    outs, _ = serve(engine_factory, target, draft, prompts, distilled_head, costs, params=long, **JUDGED)
     rounds = [r for o in outs for r in o["meta_info"]["parse"]["probe_scores"]]
     assert any(r["accepted"] > r["exact"] for r in rounds), "no judged acceptance ran"
     assert kinds(outs)["head"], kinds(outs)

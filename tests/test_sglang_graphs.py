@@ -140,7 +140,8 @@ def test_graph_reservations_of_the_design_example():
     assert adaptive.draft_kv_indices == (10 + 34) * 48 * 40960 * 4
     # With an EAGLE-3 head of k = 3 reading 3 aux layers of hidden 4096 (bf16): its head-round verify
     # width 4, every width's aux buffer, and its chain's and extend's KV indices (2k + 1 rows)
-    config = ParseConfig(draft_budget=32, judge=False, adaptive=True, eagle3_head="h", eagle3_steps=3)
+    config = ParseConfig(draft_budget=32, judge=False, adaptive=True, adaptive_tiers=[0, 8], eagle3_head="h",
+                         eagle3_steps=3)  # fmt: skip
     headed = dataclasses.replace(reservations(config, suffix_len=0), head_steps=3, aux_width=3 * 4096)
     widths = (1, 4, 9, 33)
     assert headed.verify_widths == widths
