@@ -22,7 +22,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from parse_sglang import adaptive  # noqa: E402
-from parse_sglang.replay import Machine, Trace, arrivals_of, open_rate, replay, serve  # noqa: E402
+from parse_sglang.replay import Machine, Trace, arrivals_of, open_rate, policies, replay, serve  # noqa: E402
 from parse_sglang.settings import ParseConfig  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
@@ -60,7 +60,7 @@ def adaptive_speed(trace: Trace, machine: Machine, load: str, config: ParseConfi
     """`replay`'s adaptive figure alone: one warm-up pass, then the scored one."""
     arrivals, concurrency = arrivals_of(load, len(trace.requests), open_rate(trace, machine, load, config))
     clock = [0.0]
-    policy = adaptive.AdaptiveDraftLength(config.tiers, adaptive.CostTable(), clock=lambda: clock[0])
+    policy = policies(config, [])["adaptive"](clock)
     serve(policy, trace, machine, config, arrivals, concurrency, clock)
     return serve(policy, trace, machine, config, arrivals, concurrency, clock).speed(load)
 

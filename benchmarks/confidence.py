@@ -1,4 +1,4 @@
-"""Does the draft's own confidence predict what a PARSE round keeps? (issue 30's evidence)
+"""Does the draft's own confidence predict what a PARSE round keeps?
 
     python benchmarks/confidence.py [--pairs synthetic smollm2 qwen-gsm qwen-humaneval]
         [--num-steps 16] [--num-prompts 16] [--max-new-tokens 128] [--batch-size 8] [--json]

@@ -128,7 +128,8 @@ def record(name: str, first: int, count: int, max_new: int, batch: int, cache_di
         "max_new_tokens": max_new,
         "self_match": same / max(sum(map(len, outputs)), 1),
         "draft_prefill_s_per_token": prefill_per_token,  # a wall-clock figure: the machine file's catch-up
-        "command": "python benchmarks/trace.py " + " ".join(sys.argv[1:]),
+        "command": f"python benchmarks/trace.py --pair {name} --first {first} --count {count} "
+        f"--max-new-tokens {max_new} --batch {batch}",  # (no --out / --cache-dir: a machine's paths)
         "requests": requests,
     }
 

@@ -144,7 +144,7 @@ class Served:
 
 
 @dataclass(frozen=True)
-class Window:  # what a policy's after_round reads of the worker's window
+class _Window:  # what a policy's after_round reads of the worker's window
     shape: object
     plan: object
 
@@ -192,9 +192,9 @@ def serve(policy: DraftLengthPolicy, trace: Trace, machine: Machine, config: Par
     while waiting or running:
         while waiting and len(running) < concurrency and waiting[0].arrival <= clock[0]:
             req = waiting.pop(0)
-            state_of(req).draft_behind = req.trace.prompt_len if deferred or target_only else 0
+            state_of(req).draft_behind = req.trace.prompt_len if deferred else 0
             if not deferred and not target_only:  # the draft's prefill beside the target's
-                clock[0] += machine.catch_up(req.trace.prompt_len) - machine.catch_up_fixed
+                clock[0] += machine.catch_up_per_token * req.trace.prompt_len
             running.append(req)
         if not running:
             clock[0] = waiting[0].arrival
@@ -204,12 +204,14 @@ def serve(policy: DraftLengthPolicy, trace: Trace, machine: Machine, config: Par
         steps = max(min(config.tier0_steps, config.draft_budget + 1, longest), 1)
         tier = 0 if target_only else policy.choose(running, policies, rows_of, steps)
         if tier == 0:
-            steps = 1 if target_only else steps
-            clock[0] += 0.0 if target_only else machine.draft(bs, 0)
+            if target_only:
+                steps = 1
+            else:
+                clock[0] += machine.draft(bs, 0)
             policy.drafts_on_host(0)  # (the worker's first step plans its window: the round's host part ends)
             clock[0] += steps * machine.rest(bs, 0, 1)
             emitted = [[_token(r, r.n + j) for j in range(steps)] for r in running]
-            lengths, window = [steps - 1] * bs, Window(_Shape(1), None)
+            lengths, window = [steps - 1] * bs, _Window(_Shape(1), None)
             for r in running:
                 state_of(r).draft_behind += steps
         else:
@@ -234,7 +236,7 @@ def serve(policy: DraftLengthPolicy, trace: Trace, machine: Machine, config: Par
                 lengths.append(kept)
                 emitted.append([_token(r, r.n + j) for j in range(kept + 1)])
                 served.drafted_tokens += tier
-            window = Window(_Shape(rows_of(verified)), _Plan(torch.tensor(lens), confidence[:, :verified],
+            window = _Window(_Shape(rows_of(verified)), _Plan(torch.tensor(lens), confidence[:, :verified],
                                                              torch.zeros(bs, dtype=torch.bool)))  # fmt: skip
         if not target_only:
             policy.after_round(running, window, _Result(emitted, lengths), steps if tier == 0 else 1)
