@@ -5,14 +5,16 @@ row per judge setting, all in SGLang in one run.
                                   [--num-problems N] [--first K] [--modes MODE ...] [--dtype D]
                                   [--batch-size B] [--json] [--no-nll]
                                   [--target DIR --draft DIR --prompts FILE [--grader MODULE:FUNC]]
-                                  [--num-steps L] [--probe-stride D] [--max-new-tokens N]
+                                  [--num-steps L] [--probe-stride D] [--max-new-tokens N] [--judge-head FILE]
                                   [--temperature T [--top-p P]] [--plot PNG] [--cache-dir DIR]
+    python benchmarks/semantic.py --merge SHARD.jsonl ...
 
 Rows: target_only, standalone (SGLang's STANDALONE, topk 1, radix cache off), parse_lossless,
-parse_probe at τ in PROBE_THRESHOLDS, parse_likelihood at λ in LIKELIHOOD_THRESHOLDS, and
-parse_adaptive (a server with adaptive draft lengths up to L, lossless). Four engines, one after
-the other (target-only, STANDALONE, PARSE, adaptive PARSE); the PARSE engine serves every
-PARSE row through per-request settings. Each row runs all prompts as one batch, or in batches of
+parse_probe at τ in PROBE_THRESHOLDS, parse_likelihood at λ in LIKELIHOOD_THRESHOLDS,
+parse_divergence at θ in DIVERGENCE_ENTROPIES, parse_head at HEAD_THRESHOLDS (with --judge-head),
+parse_adaptive (a server with adaptive draft lengths up to L, lossless) and parse_default_judge (a
+server with no setting but {"judge": true}: adaptive, as users run it). Five engines, one after
+the other; the fixed-L PARSE engine serves every judged row through per-request settings. Each row runs all prompts as one batch, or in batches of
 --batch-size prompts one after another (greedy, or sampled with --temperature / --top-p: then
 every row samples, and lossless rows are samples of the target's distribution, not its greedy
 output).
@@ -21,7 +23,9 @@ Per row: `accuracy` (share of graded answers correct; null where there is no gra
 `accuracy_ci95` (Wilson's interval),
 `tokens_per_target_forward`, `judged_share` (output tokens the judge accepted beyond exact
 matches), `verify_rows_per_round` (PARSE's window rows per round), `wall_s` (the row's batches),
-`output_ids` (--json only) and `target_nll` (the target's own mean negative log-likelihood per
+`output_ids`, `correct` and the raw totals (--json only: what `--merge` joins shards by), the
+paired comparison against parse_lossless on the same problems (`paired`: discordant counts b and
+c, McNemar's exact p, a one-sided 95% upper bound on the accuracy lost) and `target_nll` (the target's own mean negative log-likelihood per
 output token, with transformers: what a judge that accepts un-target-like text costs by the
 target's measure; --no-nll leaves it null, which on a 1.5B target saves most of the run).
 
@@ -58,6 +62,8 @@ from parse_sglang.settings import ParseConfig  # noqa: E402
 
 PROBE_THRESHOLDS = (0.3, 0.5, 0.7, 0.9)
 LIKELIHOOD_THRESHOLDS = (0.05, 0.2, 0.5)
+DIVERGENCE_ENTROPIES = (0.5, 1.0, 2.0)  # θ, nats; W is ParseConfig's divergence_window
+HEAD_THRESHOLDS = (0.05, 0.1, 0.2)  # with --judge-head
 KEYS = (
     "pair",
     "suite",
@@ -72,8 +78,12 @@ KEYS = (
     "verify_rows_per_round",
     "wall_s",
     "target_nll",
+    "paired_b",
+    "paired_c",
+    "mcnemar_p",
+    "loss_upper95",
 )
-JSON_KEYS = (*KEYS, "output_ids")
+JSON_KEYS = (*KEYS, "output_ids", "correct", "tokens", "forwards", "judged", "rounds", "verify_rows")
 
 
 @dataclasses.dataclass
@@ -147,17 +157,23 @@ def read_prompts(path: str) -> list[str]:
     return prompts
 
 
-def parse_rows() -> list[tuple[str, float | None, dict]]:
-    """(mode, threshold, per-request PARSE settings) of every PARSE row."""
+def parse_rows(head: bool = True) -> list[tuple[str, float | None, dict]]:
+    """(mode, threshold, per-request PARSE settings) of every PARSE row (the head's with `head`)."""
     rows = [("parse_lossless", None, {"judge": False})]
     rows += [("parse_probe", t, {"judge_mode": "probe", "threshold": t}) for t in PROBE_THRESHOLDS]
     rows += [
         ("parse_likelihood", t, {"judge_mode": "likelihood", "likelihood_threshold": t}) for t in LIKELIHOOD_THRESHOLDS
     ]
+    rows += [
+        ("parse_divergence", t, {"judge_mode": "divergence", "divergence_entropy": t}) for t in DIVERGENCE_ENTROPIES
+    ]
+    if head:
+        rows += [("parse_head", t, {"judge_mode": "head", "head_threshold": t}) for t in HEAD_THRESHOLDS]
     return rows
 
 
-MODES = ("target_only", "standalone", *dict.fromkeys(mode for mode, _, _ in parse_rows()), "parse_adaptive")
+MODES = ("target_only", "standalone", *dict.fromkeys(mode for mode, _, _ in parse_rows()), "parse_adaptive",
+         "parse_default_judge")  # fmt: skip
 
 
 def _server_parse_totals(engine) -> dict:
@@ -179,33 +195,92 @@ def run_batch(engine, work: Workload, sampling: dict, batch_size: int | None = N
 
 
 def summarize(mode: str, threshold, work: Workload, outs: list[dict], wall: float, added: dict) -> dict:
-    from support.problems import wilson
-
-    tokens = sum(o["meta_info"]["completion_tokens"] for o in outs)
-    forwards = sum(target_forwards(o["meta_info"]) for o in outs)
-    judged = sum((o["meta_info"].get("parse") or {}).get("accepted_judged", 0) for o in outs)
-    correct = None if work.grader is None else sum(work.grader(i, o["text"]) for i, o in enumerate(outs))
-    rounds = added.get("rounds", 0)
-    return {
+    """A row from its outputs: raw totals (what shards merge by) and the figures derived from them."""
+    return derive({
         "pair": work.pair,
         "suite": work.suite,
         "problems": len(outs),
         "mode": mode,
         "threshold": threshold,
-        "accuracy": None if correct is None else correct / len(outs),
-        "accuracy_ci95": None if correct is None else list(wilson(correct, len(outs))),
-        "tokens_per_target_forward": tokens / forwards,
-        "judged_share": judged / max(tokens, 1),
-        "verify_rows_per_round": added["verify_rows"] / rounds if rounds else None,
+        "correct": None if work.grader is None else [bool(work.grader(i, o["text"])) for i, o in enumerate(outs)],
+        "tokens": sum(o["meta_info"]["completion_tokens"] for o in outs),
+        "forwards": sum(target_forwards(o["meta_info"]) for o in outs),
+        "judged": sum((o["meta_info"].get("parse") or {}).get("accepted_judged", 0) for o in outs),
+        "rounds": added.get("rounds", 0),
+        "verify_rows": added.get("verify_rows", 0),
         "wall_s": wall,
         "output_ids": [o["output_ids"] for o in outs],
-    }
+    })  # fmt: skip
+
+
+def derive(row: dict) -> dict:
+    """The row's figures from its totals (accuracy with Wilson's interval, tokens per forward...)."""
+    from support.problems import wilson
+
+    correct = row["correct"]
+    row["problems"] = len(row["output_ids"])
+    row["accuracy"] = None if correct is None else sum(correct) / len(correct)
+    row["accuracy_ci95"] = None if correct is None else list(wilson(sum(correct), len(correct)))
+    row["tokens_per_target_forward"] = row["tokens"] / max(row["forwards"], 1)
+    row["judged_share"] = row["judged"] / max(row["tokens"], 1)
+    row["verify_rows_per_round"] = row["verify_rows"] / row["rounds"] if row["rounds"] else None
+    return row
+
+
+def binomial_tail(k: int, n: int, p: float) -> float:
+    """P(X >= k), X ~ Binomial(n, p)."""
+    return sum(math.comb(n, i) * p**i * (1 - p) ** (n - i) for i in range(k, n + 1))
+
+
+def paired(rows: list[dict], against: str = "parse_lossless") -> None:
+    """Each graded row against the `against` row on the same problems: b (it right, this row wrong),
+    c (the reverse), McNemar's exact two-sided p, and a one-sided 95% upper bound on the accuracy
+    lost, (b - c) / n: given the b + c discordant problems, b's share π has the Clopper-Pearson
+    upper bound π_U (P(X <= b | π_U) = 0.05), and the loss is at most (b + c)(2 π_U - 1) / n."""
+    base = next((r for r in rows if r["mode"] == against and r["correct"] is not None), None)
+    for row in rows:
+        row.update(paired_b=None, paired_c=None, mcnemar_p=None, loss_upper95=None)
+        if base is None or row["correct"] is None or len(row["correct"]) != len(base["correct"]):
+            continue
+        b = sum(x and not y for x, y in zip(base["correct"], row["correct"]))
+        c = sum(y and not x for x, y in zip(base["correct"], row["correct"]))
+        n, d = len(row["correct"]), b + c
+        p = min(1.0, 2 * binomial_tail(max(b, c), d, 0.5)) if d else 1.0
+        low, high = 0.0, 1.0  # π_U by bisection: 1 - P(X >= b + 1 | π) = 0.05
+        for _ in range(60):
+            mid = (low + high) / 2
+            low, high = (mid, high) if 1 - binomial_tail(b + 1, d, mid) > 0.05 else (low, mid)
+        row.update(paired_b=b, paired_c=c, mcnemar_p=p, loss_upper95=d * (2 * high - 1) / n if d else 0.0)
+
+
+def merge(paths: Sequence[str]) -> list[dict]:
+    """Rows of shards (--json output of runs on consecutive problem ranges) joined per (mode,
+    threshold, dtype): their totals added, their per-problem lists concatenated in file order."""
+    joined: dict = {}
+    for path in paths:
+        for line in Path(path).read_text().splitlines():
+            row = json.loads(line)
+            key = (row["mode"], row["threshold"], row["dtype"])
+            if key not in joined:
+                joined[key] = row
+                continue
+            into = joined[key]
+            for field in ("tokens", "forwards", "judged", "rounds", "verify_rows", "wall_s"):
+                into[field] += row[field]
+            into["output_ids"] += row["output_ids"]
+            into["correct"] = (
+                None if into["correct"] is None or row["correct"] is None else into["correct"] + row["correct"]
+            )
+    rows = [derive(row) for row in joined.values()]
+    paired(rows)
+    return rows
 
 
 def run_rows(work: Workload, config: ParseConfig, max_new_tokens: int, progress=None, temperature: float = 0.0,
              top_p: float = 1.0, modes: Sequence[str] | None = None, dtype: str | None = None,
-             batch_size: int | None = None) -> list[dict]:  # fmt: skip
-    """Every row (or those of `modes`), engines started one after another (never two at once)."""
+             batch_size: int | None = None, thresholds: Sequence[float] | None = None) -> list[dict]:  # fmt: skip
+    """Every row (or those of `modes`, judged ones only at `thresholds`), engines started one after
+    another (never two at once)."""
     import sglang
     import torch
 
@@ -231,17 +306,26 @@ def run_rows(work: Workload, config: ParseConfig, max_new_tokens: int, progress=
         (
             "parse",
             {**base, **parse_engine_kwargs(work.draft, config)},
-            [(mode, t, {**sampling, "custom_params": {"parse": settings}}) for mode, t, settings in parse_rows()],
+            [
+                (mode, t, {**sampling, "custom_params": {"parse": settings}})
+                for mode, t, settings in parse_rows(bool(config.judge_head))
+            ],  # fmt: skip
         ),
         (
             "parse_adaptive",
             {**base, **parse_engine_kwargs(work.draft, dataclasses.replace(config, adaptive=True, judge=False))},
             [("parse_adaptive", None, sampling)],
         ),
+        (  # as a user turns the judge on: a server with no other setting
+            "parse_default_judge",
+            {**base, **parse_engine_kwargs(work.draft, ParseConfig(judge=True))},
+            [("parse_default_judge", None, sampling)],
+        ),
     ]
     rows = []
     for _, kwargs, batches in plan:
-        batches = [batch for batch in batches if modes is None or batch[0] in modes]
+        batches = [batch for batch in batches if (modes is None or batch[0] in modes)
+                   and (thresholds is None or batch[1] is None or batch[1] in thresholds)]  # fmt: skip
         if not batches:
             continue
         engine = sglang.Engine(**kwargs)
@@ -254,6 +338,7 @@ def run_rows(work: Workload, config: ParseConfig, max_new_tokens: int, progress=
                     progress.update(1)
         finally:
             engine.shutdown()
+    paired(rows)
     return rows
 
 
@@ -344,7 +429,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--cache-dir", help="cache root of built models")
     parser.add_argument("--json", action="store_true", help="one JSON object per row on stdout")
     parser.add_argument("--no-nll", action="store_true", help="no target_nll column (a real target takes long)")
+    parser.add_argument("--thresholds", nargs="+", type=float, help="judged rows only at these thresholds")
+    parser.add_argument("--judge-head", default="", help="a judge head file for the target: adds the parse_head rows")
+    parser.add_argument("--merge", nargs="+", metavar="JSONL", help="join shards' --json rows and print the table")
     args = parser.parse_args(argv)
+    if args.merge:
+        rows = merge(args.merge)
+        print(table(KEYS, [[fmt(row.get(key)) for key in KEYS] for row in rows]))
+        return 0
     if (args.target is None) != (args.draft is None) or (args.target is not None) != (args.prompts is not None):
         parser.error("--target, --draft and --prompts go together")
     for flag in ("num_problems", "max_new_tokens", "batch_size"):
@@ -358,7 +450,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         # Fixed L, the probe judge on: every judged row's request may pick its judge and threshold.
         config = ParseConfig(draft_budget=args.num_steps, probe_stride=args.probe_stride, adaptive=False, judge=True,
-                             judge_mode="probe")  # fmt: skip
+                             judge_mode="probe", judge_head=args.judge_head)  # fmt: skip
     except ValueError as err:  # draft_budget is --num-steps, probe_stride --probe-stride
         parser.error(f"--num-steps / --probe-stride: {err}")
     import sglang_cpu
@@ -381,11 +473,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     from tqdm import tqdm
 
     modes = args.modes or MODES
-    total = sum(m in modes for m in ("target_only", "standalone", "parse_adaptive"))
-    total += sum(m in modes for m, _, _ in parse_rows())
+    total = sum(m in modes for m in ("target_only", "standalone", "parse_adaptive", "parse_default_judge"))
+    total += sum(m in modes and (args.thresholds is None or t is None or t in args.thresholds)
+                 for m, t, _ in parse_rows(bool(args.judge_head)))  # fmt: skip
     with tqdm(total=total, desc="rows", file=sys.stderr) as progress:
         rows = run_rows(work, config, args.max_new_tokens, progress, args.temperature, args.top_p, args.modes,
-                        args.dtype, args.batch_size)  # fmt: skip
+                        args.dtype, args.batch_size, args.thresholds)  # fmt: skip
     if args.no_nll:
         for row in rows:
             row["target_nll"] = None

@@ -1,10 +1,8 @@
-"""Which draft prefix a round keeps: a = max(exact-match prefix, judged prefix), and what
-the round then emits.
+"""Which draft prefix a round keeps: the longest in which every token is an exact match or accepted
+by the judge (`judge.judge_window`), and what the round then emits.
 
-The judged prefix is the longest boundary-ending prefix that passes the judge
-(`judge.prefix_passes`), the first failing prefix stopping it. Batched over requests with
-padded tensors, so the reference generator (batch of one) and the SGLang worker run the same
-rule (`accept_lengths`). In the worker a round's decisions stay on the device (`Accepted`)
+Batched over requests with padded tensors, so the reference generator (batch of one) and the
+SGLang worker run the same rule (`accept_lengths`). In the worker a round's decisions stay on the device (`Accepted`)
 until one packed copy brings them to the host (`RoundResult`), where counters and target
 phases are kept.
 """
@@ -28,33 +26,18 @@ class AcceptedLengths:
 
 
 def accept_lengths(
-    draft: torch.Tensor,
-    draft_lens: torch.Tensor,
-    target_next: torch.Tensor,
-    boundaries: torch.Tensor,
-    passed: torch.Tensor,
-    judge: torch.Tensor,
+    draft: torch.Tensor, draft_lens: torch.Tensor, target_next: torch.Tensor, judged: torch.Tensor
 ) -> AcceptedLengths:
-    """
-    draft [B, L] (padded), draft_lens [B]; target_next [B, L+1]: t_j, the target's token
-    after c_n d_1..d_j; boundaries [B, K] (padded with 0) and passed [B, K] bool, whether
-    the prefix ending there passes the judge (`judge.prefix_passes`; padding must follow a
-    boundary equal to 0, whatever it says); judge [B] bool.
-    """
-    batch, length = draft.shape
-    steps = torch.arange(length, device=draft.device)
-    matches = (draft == target_next[:, :length]) & (steps < draft_lens[:, None])
-    exact = matches.long().cumprod(dim=1).sum(dim=1)
+    """a: the longest prefix in which every draft token is the target's own or accepted by the judge.
 
-    real = boundaries > 0
-    passed = passed & real & judge[:, None]
-    probes_passed = passed.long().cumprod(dim=1).sum(dim=1)  # the first failing probe stops it
-    judged_len = torch.where(
-        probes_passed > 0,
-        boundaries.gather(1, (probes_passed - 1).clamp(min=0)[:, None]).squeeze(1).long(),
-        torch.zeros_like(probes_passed),
-    )
-    accepted = torch.maximum(exact, judged_len)
+    draft [B, L] (padded), draft_lens [B]; target_next [B, L+1]: t_j, the target's token after
+    c_n d_1..d_j; judged [B, L] bool: the judge accepts d_j (`judge.judge_window`'s `passed`)."""
+    length = draft.shape[1]
+    steps = torch.arange(length, device=draft.device)
+    real = steps < draft_lens[:, None]
+    matches = (draft == target_next[:, :length]) & real
+    exact = matches.long().cumprod(dim=1).sum(dim=1)
+    accepted = ((matches | judged) & real).long().cumprod(dim=1).sum(dim=1)
     return AcceptedLengths(accepted=accepted, exact=exact, judged=accepted - exact)
 
 
@@ -105,7 +88,7 @@ class RoundResult:
     lengths: list[int]  # a per request
     exact_tokens: list[int]
     probe_scores: Optional[torch.Tensor]  # [bs, K'] (None: no probe rows this round)
-    likelihood: Optional[torch.Tensor]  # [bs, K'] (None: no request judged by likelihood)
+    token_scores: Optional[torch.Tensor]  # [bs, L] (None: no request judged by a token judge)
 
     @property
     def judged_tokens(self) -> list[int]:
@@ -115,12 +98,12 @@ class RoundResult:
 def round_result(accepted: Accepted) -> RoundResult:
     """`accepted` on the host, in one packed copy."""
     verdict = accepted.verdict
-    scores = [t for t in (verdict.probe_scores, verdict.likelihood) if t is not None]
+    scores = [t for t in (verdict.probe_scores, verdict.token_scores) if t is not None]
     device = [accepted.emitted, accepted.lengths, accepted.exact_tokens, *scores]
     emitted, lengths, exact, *host_scores = unpack(pack(device).cpu(), fields_of(device))
     probe_scores = host_scores.pop(0) if verdict.probe_scores is not None else None
-    likelihood = host_scores.pop(0) if verdict.likelihood is not None else None
-    return RoundResult(emitted.tolist(), lengths.tolist(), exact.tolist(), probe_scores, likelihood)
+    token_scores = host_scores.pop(0) if verdict.token_scores is not None else None
+    return RoundResult(emitted.tolist(), lengths.tolist(), exact.tolist(), probe_scores, token_scores)
 
 
 def bonus_tokens(sampling_info, rows: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:

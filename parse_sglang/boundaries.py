@@ -58,6 +58,12 @@ def complete_delimiter_ends(token_texts: Sequence[str], delimiters: Sequence[str
     return {anchor for anchor, end in _delimiter_hits(token_texts, delimiters) if end <= token_ends[anchor - 1]}
 
 
+def probe_stride(stride: int, length: int) -> int:
+    """Δ at a round of `length` drafts: the setting, at most half the round, so that every tier has
+    room for an interior boundary (at L = Δ = 8 no segment end could be one)."""
+    return max(1, min(stride, length // 2))
+
+
 def select_boundaries(token_texts: Sequence[str], stride: int, delimiters: Sequence[str]) -> list[int]:
     """b_1 < … < b_K: after each boundary, the next is the first segment end at least
     `stride` tokens later; the last boundary is always the end of the draft."""

@@ -22,11 +22,12 @@ exact-match prefix because the judge said yes; `judge_probes`: the judge probes 
 counted); `head_rounds`: its rounds drafted by an EAGLE-3 head (`eagle3_head`), `head_accepted`:
 the head's draft tokens they kept (counted in `accepted_exact` too). With `custom_params={"parse": {"return_probe_scores": true}}`
 the dict also holds `"probe_scores"`: one entry per round, `{"length": L, "draft": [ids],
-"confidence": [c], "accepted": a, "exact": e, "probes": [[b, p], ...], "likelihood": [[b, q],
-...]}` - the round's L, the draft tokens the round verified and the draft's top-1 probability at
-each, how many of them it accepted (e of them by exact match), every real probe's boundary b
-and judge score p (no probes: judge off for that round), and where the likelihood judge ran,
-each boundary's smallest draft-token probability q.
+"confidence": [c], "accepted": a, "exact": e, "probes": [[b, p], ...], "tokens": [s, ...]}` - the
+round's L, the draft tokens the round verified and the draft's top-1 probability at each, how
+many of them it accepted (e of them by exact match), every real probe's boundary b and judge
+score p (no probes: judge off for that round), and where a token judge ran, the score it read at
+each draft token s (likelihood: the target's probability of it; divergence: the target's entropy
+there; head: P(harmful)).
 
 Per server, `ServerTotals.summary()`, counted since startup:
 
@@ -238,5 +239,9 @@ def probe_round(window, result, i: int, head: bool = False) -> dict:
         "accepted": result.lengths[i],
         "exact": result.exact_tokens[i],
         "probes": per_boundary(result.probe_scores, bool(plan.probed[i])),
-        "likelihood": per_boundary(result.likelihood, bool(plan.likelihood[i])),
+        "tokens": (
+            result.token_scores[i, : plan.draft_lens[i]].tolist()
+            if result.token_scores is not None and plan.token_modes[i]
+            else []
+        ),  # fmt: skip
     }

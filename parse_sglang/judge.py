@@ -7,12 +7,14 @@ assistant turn, add a user turn with the question, open the assistant's answer. 
 needs only the logits of the answer tokens (the full-vocabulary normaliser cancels), which
 is what lets the verify pass prune every probe row to `len(answer_ids)` lm_head columns.
 
-The judge's rule for a boundary-ending prefix d_1..d_{b_k} (`prefix_passes`), by judge_mode:
-"probe" — the target's answer to the judge probe after it, P(yes)/(P(yes)+P(no)) >= τ;
-"likelihood" — every draft token of it has target probability >= λ under the chain rows
-the verify pass computes anyway (no probe rows at all); "both" — both. `judge_window` is the
-verdict on a whole round's window; the reference generator (a batch of one) and the SGLang
-worker share the rule.
+The judge accepts draft tokens one at a time; a round keeps the longest prefix in which every
+token is an exact match or accepted by its request's judge ("exact OR judged", AutoJudge), then the
+bonus token. By judge_mode: "probe" — the tokens of the longest boundary-ending prefix whose probes
+all answer P(yes)/(P(yes)+P(no)) >= τ; "likelihood" — a token whose target probability is >= λ
+(read from the chain rows the verify computes anyway: no probe rows at all); "both" — both;
+"divergence" — FLy's rule (`divergence_passes`); "head" — a judge head's P(harmful) <= its bound
+(`parse_sglang.judge_head`). `judge_window` is the verdict on a whole round's window; the reference
+generator (a batch of one) and the SGLang worker share the rule.
 """
 
 from __future__ import annotations
@@ -180,85 +182,127 @@ def answer_columns(probe: JudgeProbe, device) -> torch.Tensor:
     return torch.tensor(probe.answer_ids, dtype=torch.int64, device=device)
 
 
-# Rows of logits a `token_probabilities` step reads at once: bounds its logsumexp temporary
-# (rows x vocabulary fp32) to 64 MiB, whatever the batch.
+# Rows of logits a `chain_statistics` step reads at once: bounds its fp32 temporaries (rows x
+# vocabulary) to 64 MiB each, whatever the batch.
 _LOGSUMEXP_ELEMENTS = 1 << 24
 
 
-def token_probabilities(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-    """[..., n] P(tokens[..., j]) under logits[..., j, :], read as exp(gather - logsumexp):
-    no full-vocabulary softmax is materialised (a bounded number of rows at a time)."""
-    flat = logits.reshape(-1, logits.shape[-1])
-    picked = flat.gather(1, tokens.reshape(-1, 1).to(torch.int64)).squeeze(1).float()
-    step = max(1, _LOGSUMEXP_ELEMENTS // flat.shape[1])
-    starts = range(0, max(flat.shape[0], 1), step)  # one (empty) chunk for a round without drafts
-    norm = torch.cat([torch.logsumexp(flat[i : i + step].float(), dim=-1) for i in starts])
-    return torch.exp(picked - norm).view(tokens.shape)
+# The token judges' codes (`ProbePlan.token_modes`); 0: none (judge off, or the probe alone).
+TOKEN_JUDGES = {"likelihood": 1, "divergence": 2, "head": 3}
 
 
-def likelihood_scores(token_probs: torch.Tensor, boundaries: torch.Tensor) -> torch.Tensor:
-    """[B, K] the smallest target probability among d_1..d_{b_k} (0 where b_k is padding).
+@dataclass(frozen=True)
+class ChainStats:
+    """What the token judges read of a verify's chain rows; draft token d_j is column j - 1."""
 
-    token_probs [B, L]: p_j = P_target(d_j | c_n d_1..d_{j-1}); boundaries [B, K] (0-padded)."""
-    if token_probs.shape[1] == 0:  # a round without drafts (an adaptive server's tier 0)
-        return torch.zeros(boundaries.shape, device=boundaries.device)
-    running_min = token_probs.float().cummin(dim=1).values
-    picked = running_min.gather(1, (boundaries - 1).clamp(min=0))
-    return torch.where(boundaries > 0, picked, torch.zeros_like(picked))
+    top_tokens: torch.Tensor  # [B, L+1] the target's own token after c_n d_1..d_j (argmax of row j)
+    draft_probs: torch.Tensor  # [B, L] P_target(d_j) at row j-1
+    top_probs: torch.Tensor  # [B, L] P_target(its own top token) at row j-1
+    entropy: torch.Tensor  # [B, L] the target's entropy at row j-1, nats
 
 
-def prefix_passes(
-    probe_scores: torch.Tensor,
-    threshold: torch.Tensor,
-    likelihood: torch.Tensor,
-    likelihood_threshold: torch.Tensor,
-    uses_probe: torch.Tensor,
-    uses_likelihood: torch.Tensor,
-) -> torch.Tensor:
-    """[B, K] whether each boundary-ending prefix passes its request's judge (module doc).
+def chain_statistics(logits: torch.Tensor, drafts: torch.Tensor) -> ChainStats:
+    """logits [B, L+1, V], drafts [B, L] -> ChainStats, a bounded number of rows at a time (no
+    full-vocabulary temporary beyond `_LOGSUMEXP_ELEMENTS`)."""
+    batch, rows, vocab = logits.shape
+    flat = logits.reshape(-1, vocab)
+    tokens = torch.nn.functional.pad(drafts.to(torch.int64), (0, 1)).reshape(-1, 1)  # row L reads no draft
+    step = max(1, _LOGSUMEXP_ELEMENTS // vocab)
+    parts = []
+    for i in range(0, max(flat.shape[0], 1), step):
+        x = flat[i : i + step].float()
+        norm = torch.logsumexp(x, dim=-1)
+        top, top_ids = x.max(dim=-1)
+        entropy = norm - (torch.softmax(x, dim=-1) * x).sum(dim=-1)
+        picked = x.gather(1, tokens[i : i + step]).squeeze(1)
+        parts.append(torch.stack([top_ids.float(), torch.exp(picked - norm), torch.exp(top - norm), entropy]))
+    top_ids, draft_probs, top_probs, entropy = torch.cat(parts, dim=1).view(4, batch, rows)
+    return ChainStats(top_ids.to(torch.int64), draft_probs[:, :-1], top_probs[:, :-1], entropy[:, :-1])
 
-    probe_scores, likelihood [B, K] (`likelihood_scores`); threshold τ, likelihood_threshold
-    λ [B]; uses_probe, uses_likelihood [B] bool (judge_mode "probe", "likelihood", "both")."""
-    probe_ok = probe_scores >= threshold[:, None]
-    likely_ok = likelihood >= likelihood_threshold[:, None]
-    return (probe_ok | ~uses_probe[:, None]) & (likely_ok | ~uses_likelihood[:, None])
+
+def divergence_passes(matches: torch.Tensor, entropy: torch.Tensor, theta: torch.Tensor, window: torch.Tensor,
+                      lengths: torch.Tensor) -> torch.Tensor:  # fmt: skip
+    """[B, L] FLy's rule (arXiv 2511.22972) for d_j: the target's entropy where d_j was drafted is
+    >= θ and the next W draft tokens all equal the target's own (read after d_j, so the target
+    has taken d_j up); never within the last W positions of the draft (nothing to read there).
+    matches [B, L] (d_j equals the target's token), entropy [B, L]; theta, window, lengths [B]."""
+    batch, length = matches.shape
+    counts = torch.nn.functional.pad(matches.long().cumsum(dim=1), (1, 0))  # [B, L+1] matches before column c
+    steps = torch.arange(length, device=matches.device)
+    end = (steps[None, :] + 1 + window[:, None]).clamp(max=length)  # column just past the W after d_j
+    ahead = counts.gather(1, end) - counts[:, 1:]  # matches in columns j+1 .. j+W
+    room = steps[None, :] + window[:, None] < lengths[:, None]
+    return (entropy >= theta[:, None]) & (ahead == window[:, None]) & room
+
+
+def token_passes(stats: ChainStats, matches: torch.Tensor, lengths: torch.Tensor, modes: torch.Tensor,
+                 thresholds: torch.Tensor, windows: torch.Tensor,
+                 harm: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """([B, L] whether each draft token passes its request's token judge, [B, L] the score it read).
+    modes [B] (`TOKEN_JUDGES`; 0: no token judge, every token passes), thresholds [B] (λ, θ or the
+    head's P(harmful) bound), windows [B] (W); harm [B, L] the head's P(harmful) (None: no head)."""
+    mode = modes[:, None]
+    likely = stats.draft_probs >= thresholds[:, None]
+    divergent = divergence_passes(matches, stats.entropy, thresholds, windows, lengths)
+    score = torch.where(mode == TOKEN_JUDGES["divergence"], stats.entropy, stats.draft_probs)
+    passes = torch.where(mode == TOKEN_JUDGES["likelihood"], likely, mode != TOKEN_JUDGES["divergence"])
+    passes = torch.where(mode == TOKEN_JUDGES["divergence"], divergent, passes)
+    if harm is not None:
+        is_head = mode == TOKEN_JUDGES["head"]
+        passes = torch.where(is_head, harm <= thresholds[:, None], passes)
+        score = torch.where(is_head, harm, score)
+    return passes, score
+
+
+def probe_reach(probe_scores: torch.Tensor, threshold: torch.Tensor, boundaries: torch.Tensor) -> torch.Tensor:
+    """[B] the longest boundary-ending prefix whose probe and every earlier one pass (P(yes) >= τ):
+    probe_scores [B, K], threshold [B], boundaries [B, K] (0-padded)."""
+    passed = (probe_scores >= threshold[:, None]) & (boundaries > 0)
+    count = passed.long().cumprod(dim=1).sum(dim=1)  # the first failing probe stops it
+    reach = boundaries.gather(1, (count - 1).clamp(min=0)[:, None]).squeeze(1).long()
+    return torch.where(count > 0, reach, torch.zeros_like(reach))
+
+
+def judged_tokens(length: int, judged: torch.Tensor, probed: torch.Tensor, reach: torch.Tensor,
+                  token_ok: torch.Tensor) -> torch.Tensor:  # fmt: skip
+    """[B, L] the draft tokens a request's judge accepts: its judge is on, they lie within the
+    prefix its probes passed (requests that probe) and they pass its token judge."""
+    steps = torch.arange(length, device=judged.device)
+    in_reach = (steps[None, :] < reach[:, None]) | ~probed[:, None]
+    return judged[:, None] & in_reach & token_ok
 
 
 @dataclass(frozen=True)
 class Verdict:
-    """The judge's verdict on one round's window, at each request's real boundaries [bs, K']."""
+    """The judge's verdict on one round's window."""
 
-    probe_scores: Optional[torch.Tensor]  # P(yes)/(P(yes)+P(no)) (None: no probe rows this round)
-    likelihood: Optional[torch.Tensor]  # smallest target probability of d_1..d_{b_k} (None: not asked)
-    passed: torch.Tensor  # bool, the prefix ending at b_k passes its request's judge
+    probe_scores: Optional[torch.Tensor]  # [bs, K'] P(yes)/(P(yes)+P(no)) at the real boundaries (None: no probe rows)
+    token_scores: Optional[torch.Tensor]  # [bs, L] the score each token judge read (None: no token judge asked)
+    passed: torch.Tensor  # [bs, L] bool: the judge accepts d_j (an exact match needs no judge)
+    top_tokens: Optional[torch.Tensor]  # [bs, L+1] the target's own token after c_n d_1..d_j (argmax; None: not judged)
 
 
-def judge_window(
-    window,
-    chain_logits: torch.Tensor,
-    probe_logits: torch.Tensor,
-    probe: Optional[JudgeProbe],
-    columns: Optional[torch.Tensor],
-) -> Verdict:
+def judge_window(window, chain_logits: torch.Tensor, probe_logits: torch.Tensor, probe: Optional[JudgeProbe],
+                 columns: Optional[torch.Tensor], hidden: Optional[torch.Tensor] = None,
+                 head=None) -> Verdict:  # fmt: skip
     """A round's verdict: chain_logits [bs, L+1, V], probe_logits [bs, K, V] of its verify pass;
-    `window` is the round's `window_plan.Window`; columns: `answer_columns(probe)`. The
-    likelihood is computed only when a request of the batch asks for it (a host-known fact)."""
+    `window` is the round's `window_plan.Window`; columns: `answer_columns(probe)`; hidden [bs, L+1, H]
+    the target's final hidden state of the chain rows and head the server's `judge_head.JudgeHead`
+    (None: no head on this server)."""
     planned = window.on_device
-    bounds = planned.boundaries
-    zeros = torch.zeros(bounds.shape, device=bounds.device)
-    probe_scores = likelihood = None
+    drafts = window.chain_tokens[:, 1:]
+    stats = chain_statistics(chain_logits, drafts)
+    matches = drafts == stats.top_tokens[:, :-1]
+    probe_scores = None
+    reach = torch.zeros_like(planned.draft_lens)
     if window.shape.num_probes:
         answers = score_from_answer_logits(probe_logits.index_select(-1, columns), probe)
         probe_scores = answers.gather(1, planned.probe_slots)
-    if window.any_likelihood:
-        drafts = window.chain_tokens[:, 1:]
-        likelihood = likelihood_scores(token_probabilities(chain_logits[:, :-1], drafts), bounds)
-    passed = prefix_passes(
-        probe_scores if probe_scores is not None else zeros,
-        planned.thresholds,
-        likelihood if likelihood is not None else zeros,
-        planned.likelihood_thresholds,
-        planned.probed,
-        planned.likelihood,
-    )
-    return Verdict(probe_scores, likelihood, passed)
+        reach = probe_reach(probe_scores, planned.thresholds, planned.boundaries)
+    harm = None
+    if head is not None and hidden is not None:
+        harm = head.harm(hidden[:, 1:], stats.draft_probs.log(), stats.top_probs.log())
+    token_ok, scores = token_passes(stats, matches, planned.draft_lens, planned.token_modes, planned.token_thresholds,
+                                    planned.token_windows, harm)  # fmt: skip
+    passed = judged_tokens(drafts.shape[1], planned.judged, planned.probed, reach, token_ok)
+    return Verdict(probe_scores, scores if window.any_token_judge else None, passed, stats.top_tokens)

@@ -5,7 +5,8 @@ The exact part is `eagle_sample` on the chain rows (penalties, logit bias, gramm
 sampling; with `--speculative-use-rejection-sampling` the rejection rule against the draft's
 proposals). The judge can only extend what it accepted, up to the request's acceptable length;
 the bonus after a judged extension is drawn here from the target's row a with the request's
-settings. a = min(max(a_exact, a_judge), acceptable length); emitted: d_1..d_a, then t_a.
+settings. a = min(max(a_exact, a_judge), acceptable length), a_judge the longest prefix of exact
+matches (the target's argmax) and judged tokens; emitted: d_1..d_a, then t_a.
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ def accept_round(
     probe: Optional[JudgeProbe],
     answer_columns: Optional[torch.Tensor],
     watermark_state,
+    hidden: Optional[torch.Tensor] = None,  # [bs, L+1, H] the chain rows' final hidden states (a judge head's input)
+    head=None,  # the server's judge_head.JudgeHead, or None
 ) -> Accepted:
     bs, width = window.chain_tokens.shape
     device = chain_logits.device
@@ -58,22 +61,22 @@ def accept_round(
     )
     if width == 1:  # tier 0: nothing drafted, nothing to judge; SGLang's sample of c_n's row is the token
         none = torch.zeros_like(planned.draft_lens)
-        verdict = Verdict(None, None, torch.zeros_like(planned.boundaries, dtype=torch.bool))
+        verdict = Verdict(None, None, torch.zeros((bs, 0), dtype=torch.bool, device=device), None)
         return Accepted(predict.view(bs, 1).to(torch.int64), none, none, verdict)
     exact = exact_lens.to(torch.int64) - 1
     drafts = window.chain_tokens[:, 1:]
     chain_logits = chain_logits.view(bs, width, -1)
-    verdict = judge_window(window, chain_logits, probe_logits, probe, answer_columns)
-    # accept_lengths' exact part is switched off (draft_lens 0): eagle_sample gave it.
-    judge_len = accept_lengths(
-        draft=drafts,
-        draft_lens=torch.zeros_like(planned.draft_lens),
-        target_next=window.chain_tokens,
-        boundaries=planned.boundaries,
-        passed=verdict.passed,
-        judge=planned.judged,
-    ).accepted
     limit = torch.minimum(planned.draft_lens, planned.phase_limits)
+    if not window.any_judged:  # SGLang's exact acceptance is the round's (a host-known fact)
+        verdict = Verdict(None, None, torch.zeros_like(drafts, dtype=torch.bool), None)
+        accepted = torch.minimum(exact, limit)
+        emitted = torch.nn.functional.pad(drafts, (0, 1))
+        emitted.scatter_(1, accepted[:, None], predict.view(bs, width).gather(1, accepted[:, None]).to(torch.int64))
+        return Accepted(emitted, accepted, accepted, verdict)
+    verdict = judge_window(window, chain_logits, probe_logits, probe, answer_columns, hidden, head)
+    # Past SGLang's exact run the judge extends over the target's own (argmax) tokens and what it accepts.
+    judge_len = accept_lengths(drafts, planned.draft_lens, verdict.top_tokens, verdict.passed).accepted
+    judge_len = torch.where(planned.judged, judge_len, torch.zeros_like(judge_len))
     accepted = torch.minimum(torch.maximum(exact, judge_len), limit)
     # The bonus is SGLang's unless the judge took the request past its exact match: then it
     # is drawn from chain row a here.

@@ -25,13 +25,13 @@ import json
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
-from parse_sglang.judge import DEFAULT_QUESTION, JudgeProbe, build_judge_probe
+from parse_sglang.judge import DEFAULT_QUESTION, TOKEN_JUDGES, JudgeProbe, build_judge_probe
 
 ALGORITHM = "PARSE"  # the name SGLang knows the algorithm by (--speculative-algorithm)
 DEFAULT_DELIMITERS = ("\n", ". ", "? ", "! ")
 AFTER_REJECTION_POLICIES = ("redraft", "target_to_delimiter")
 VERIFY_WINDOWS = ("auto", "fixed", "variable")
-JUDGE_MODES = ("probe", "likelihood", "both")
+JUDGE_MODES = ("probe", "likelihood", "both", "divergence", "head")
 SHORTEST_TIER = 4  # the default adaptive tiers: 0, and L, L / 2, L / 4, ... while at least SHORTEST_TIER
 
 
@@ -58,10 +58,19 @@ class ParseConfig:
     threshold: τ, a prefix is accepted when P(yes)/(P(yes)+P(no)) >= τ.
     judge_question: what the probe asks the target.
     judge: off = lossless token-level speculative decoding (output == target greedy).
-    judge_mode: "probe" (the judge probe, τ), "likelihood" (every draft token of the prefix
-        has target probability >= likelihood_threshold, read from the chain rows: no probe
-        rows in the verify window at all) or "both" (both must pass).
+    judge_mode: which draft tokens the judge accepts beyond exact matches (a round keeps the
+        longest prefix of exact or accepted tokens): "probe" (those of a prefix whose judge
+        probes answer yes, τ), "likelihood" (target probability >= likelihood_threshold, read
+        from the chain rows: no probe rows in the verify window at all), "both" (both),
+        "divergence" (FLy's rule: the target's entropy there >= divergence_entropy and the next
+        divergence_window draft tokens equal the target's own) or "head" (the server's
+        judge_head says P(harmful) <= head_threshold).
     likelihood_threshold: λ of the likelihood judge.
+    divergence_entropy: θ of the divergence judge, nats.
+    divergence_window: W of the divergence judge, draft tokens.
+    head_threshold: the judge head's bound on P(harmful).
+    judge_head: a judge head file `python -m parse_sglang.judge_head train` wrote for this target
+        (empty: none; judge_mode "head" needs one). Server-wide.
     after_rejection: "redraft" (draft again at once) or "target_to_delimiter" (the target
         decodes up to the next delimiter first, as SpecReason/HoVer do).
     verify_window: "fixed" gives every round K_max probes (N_max rows, the width a captured
@@ -94,6 +103,10 @@ class ParseConfig:
     judge: bool = False
     judge_mode: str = "likelihood"
     likelihood_threshold: float = 0.2
+    divergence_entropy: float = 0.5
+    divergence_window: int = 4
+    head_threshold: float = 0.1
+    judge_head: str = ""
     after_rejection: str = "redraft"
     verify_window: str = "auto"
     adaptive: bool = True
@@ -110,11 +123,16 @@ class ParseConfig:
         if isinstance(delims, str) or not delims or not all(isinstance(d, str) and d for d in delims):
             raise ValueError(f"delimiters={delims!r} is invalid: allowed is a non-empty list of non-empty strings")
         object.__setattr__(self, "delimiters", tuple(delims))
-        for name in ("threshold", "likelihood_threshold"):
+        for name in ("threshold", "likelihood_threshold", "head_threshold"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not (0.0 <= float(value) <= 1.0):
                 raise ValueError(f"{name}={value!r} is invalid: allowed is a number in [0, 1]")
             object.__setattr__(self, name, float(value))
+        theta = self.divergence_entropy
+        if isinstance(theta, bool) or not isinstance(theta, (int, float)) or not (0.0 <= float(theta) <= 20.0):
+            raise ValueError(f"divergence_entropy={theta!r} is invalid: allowed is a number of nats in [0, 20]")
+        object.__setattr__(self, "divergence_entropy", float(theta))
+        _check_int("divergence_window", self.divergence_window, 1, 64)
         if not isinstance(self.judge_question, str) or not self.judge_question.strip():
             raise ValueError(f"judge_question={self.judge_question!r} is invalid: allowed is a non-empty string")
         if not isinstance(self.judge, bool):
@@ -138,7 +156,7 @@ class ParseConfig:
             raise ValueError(f"adaptive_tiers={tiers!r} is invalid: allowed is a list of integers in [0, 1024]")
         object.__setattr__(self, "adaptive_tiers", tuple(sorted(set(tiers))))
         _check_int("tier0_steps", self.tier0_steps, 1, 64)
-        for name in ("cost_table", "eagle3_head"):
+        for name in ("cost_table", "eagle3_head", "judge_head"):
             if not isinstance(getattr(self, name), str):
                 raise ValueError(f"{name}={getattr(self, name)!r} is invalid: allowed is a file path (a string)")
         _check_int("eagle3_steps", self.eagle3_steps, 1, 16)
@@ -161,11 +179,21 @@ class ParseConfig:
     @property
     def uses_probe(self) -> bool:
         """The judge asks the probe (its verify window has probe rows)."""
-        return self.judge and self.judge_mode != "likelihood"
+        return self.judge and self.judge_mode in ("probe", "both")
 
     @property
-    def uses_likelihood(self) -> bool:
-        return self.judge and self.judge_mode != "probe"
+    def token_judge(self) -> int:
+        """The judge's token rule (`judge.TOKEN_JUDGES`; 0: none, the probe alone or judge off)."""
+        if not self.judge or self.judge_mode == "probe":
+            return 0
+        return TOKEN_JUDGES["likelihood" if self.judge_mode == "both" else self.judge_mode]
+
+    @property
+    def token_threshold(self) -> float:
+        """The token judge's bound: λ, θ or the head's P(harmful) bound."""
+        return {"divergence": self.divergence_entropy, "head": self.head_threshold}.get(
+            self.judge_mode, self.likelihood_threshold
+        )
 
     @property
     def tiers(self) -> tuple[int, ...]:
@@ -199,6 +227,9 @@ REQUEST_SETTINGS = (
     "judge",
     "judge_mode",
     "likelihood_threshold",
+    "divergence_entropy",
+    "divergence_window",
+    "head_threshold",
     "after_rejection",
 )
 # Per-request output options (booleans, default false). return_probe_scores: meta_info["parse"]
@@ -258,6 +289,16 @@ def _parse_server_config(raw, num_steps: Optional[int]) -> ParseConfig:
         config = ParseConfig.from_dict(values)
     except ValueError as err:
         raise ValueError(f"--parse-config (Engine parse_config=): {err}") from None
+    if config.judge and config.judge_mode == "head" and not config.judge_head:
+        raise ValueError(
+            '--parse-config (Engine parse_config=): judge_mode="head" is invalid without judge_head: '
+            "allowed is a judge head file for this target (python -m parse_sglang.judge_head train)"
+        )
+    if config.judge_head and config.eagle3_head:
+        raise ValueError(
+            "--parse-config (Engine parse_config=): judge_head and eagle3_head cannot be combined yet: the "
+            "verify captures the EAGLE-3 head's aux states, not the final hidden state a judge head reads"
+        )
     beyond = [t for t in config.adaptive_tiers if t > config.draft_budget]
     if beyond:
         raise ValueError(
@@ -321,6 +362,11 @@ def request_parse_config(custom_params: Optional[Mapping[str, Any]], server: Par
         raise ValueError(
             f"{REQUEST_WHERE}: judge_mode={config.judge_mode!r} is invalid: the server's verify window has no "
             f'probe rows (its judge_mode is {server.judge_mode!r}); allowed is "likelihood"'
+        )
+    if config.judge and config.judge_mode == "head" and not server.judge_head:
+        raise ValueError(
+            f'{REQUEST_WHERE}: judge_mode="head" is invalid: the server has no judge_head file; allowed are '
+            f'"likelihood", "divergence"{", " + repr(server.judge_mode) if server.uses_probe else ""}'
         )
     if config.uses_probe and config.probe_stride < server.probe_stride:
         raise ValueError(

@@ -125,6 +125,12 @@ def validate_parse_server_args(sa) -> None:
         )
     if config.uses_probe:  # fails here, at startup, if the chat template yields no judge probe
         judge_probe_for(sa.tokenizer_path or sa.model_path, config.judge_question, bool(sa.trust_remote_code))
+    if config.judge_head:  # a damaged head, or one made for another target, is refused here, at startup
+        from sglang.srt.utils.hf_transformers import get_config
+
+        from parse_sglang.judge_head import load
+
+        load(config.judge_head, get_config(sa.model_path, bool(sa.trust_remote_code), sa.revision))
     if config.tier0_steps != ParseConfig.tier0_steps and not config.adaptive:
         _refuse("--parse-config tier0_steps", config.tier0_steps, 'unset unless "adaptive": true')
     if config.cost_table:  # and here if the cost table cannot be read

@@ -23,7 +23,7 @@ import torch
 from sglang.srt.managers.schedule_batch import FINISH_ABORT
 
 from parse_sglang.attention.window import FullMaskBuffer, ShapeConstants, WindowShape
-from parse_sglang.boundaries import TokenTexts, select_boundaries
+from parse_sglang.boundaries import TokenTexts, probe_stride, select_boundaries
 from parse_sglang.packing import fields_of, pack, unpack
 from parse_sglang.request_state import RequestPolicy, ResolvedRequest, state_of
 from parse_sglang.settings import ParseConfig, request_outputs, request_parse_config
@@ -94,9 +94,10 @@ class ProbePlan:
     phase_limits: torch.Tensor  # [bs] int64, most draft tokens a target phase lets it accept
     judged: torch.Tensor  # [bs] bool, the judge may extend this request's acceptance
     probed: torch.Tensor  # [bs] bool, its boundaries get probe rows (judge_mode "probe" / "both")
-    likelihood: torch.Tensor  # [bs] bool, judged by its draft tokens' target probabilities
     thresholds: torch.Tensor  # [bs] float32 τ
-    likelihood_thresholds: torch.Tensor  # [bs] float32 λ
+    token_modes: torch.Tensor  # [bs] int64, its token judge (`judge.TOKEN_JUDGES`; 0: none)
+    token_thresholds: torch.Tensor  # [bs] float32, its token judge's bound (λ, θ or P(harmful))
+    token_windows: torch.Tensor  # [bs] int64, W of the divergence judge
     bounds: torch.Tensor  # [bs, L] int64, real boundaries b_1 < ... < b_K, then 0s
 
     def real_bounds(self) -> list[list[int]]:
@@ -113,15 +114,16 @@ class PlanOnDevice(NamedTuple):
     phase_limits: torch.Tensor  # [bs]
     judged: torch.Tensor  # [bs] bool
     probed: torch.Tensor  # [bs] bool
-    likelihood: torch.Tensor  # [bs] bool
     thresholds: torch.Tensor  # [bs] τ
-    likelihood_thresholds: torch.Tensor  # [bs] λ
+    token_modes: torch.Tensor  # [bs]
+    token_thresholds: torch.Tensor  # [bs]
+    token_windows: torch.Tensor  # [bs]
     boundaries: torch.Tensor  # [bs, K'] real boundaries, padded with 0
     probe_slots: torch.Tensor  # [bs, K'] each boundary's probe among the request's window probes
     probe_bounds: torch.Tensor  # [bs, K] the boundaries of the window's K probes (padding ones included)
 
 
-AS_PLANNED = PlanOnDevice._fields[:8]  # the fields copied from the ProbePlan unchanged
+AS_PLANNED = PlanOnDevice._fields[:9]  # the fields copied from the ProbePlan unchanged
 
 
 def place_probes(
@@ -135,7 +137,7 @@ def place_probes(
     limits = []
     for i, (row, n, p) in enumerate(zip(rows, draft_lens, policies)):
         if p.judged and n:
-            found = select_boundaries(texts(row[:n]), p.config.probe_stride, p.config.delimiters)
+            found = select_boundaries(texts(row[:n]), probe_stride(p.config.probe_stride, length), p.config.delimiters)
             bounds[i, : len(found)] = torch.tensor(found)
         limits.append(length if p.phase is None else phase_limit(texts, p.phase, row[:n], p.config))
 
@@ -149,9 +151,10 @@ def place_probes(
         phase_limits=torch.tensor(limits, dtype=torch.int64),
         judged=flags(lambda p: p.judged),
         probed=flags(lambda p: p.judged and p.config.uses_probe),
-        likelihood=flags(lambda p: p.judged and p.config.uses_likelihood),
         thresholds=torch.tensor([p.config.threshold for p in policies], dtype=torch.float32),
-        likelihood_thresholds=torch.tensor([p.config.likelihood_threshold for p in policies], dtype=torch.float32),
+        token_modes=torch.tensor([p.config.token_judge if p.judged else 0 for p in policies], dtype=torch.int64),
+        token_thresholds=torch.tensor([p.config.token_threshold for p in policies], dtype=torch.float32),
+        token_windows=torch.tensor([p.config.divergence_window for p in policies], dtype=torch.int64),
         bounds=bounds,
     )
 
@@ -167,9 +170,10 @@ def nothing_drafted(bs: int, device) -> tuple[ProbePlan, PlanOnDevice]:
         phase_limits=torch.zeros(bs, dtype=torch.int64),
         judged=torch.zeros(bs, dtype=torch.bool),
         probed=torch.zeros(bs, dtype=torch.bool),
-        likelihood=torch.zeros(bs, dtype=torch.bool),
         thresholds=torch.zeros(bs, dtype=torch.float32),
-        likelihood_thresholds=torch.zeros(bs, dtype=torch.float32),
+        token_modes=torch.zeros(bs, dtype=torch.int64),
+        token_thresholds=torch.zeros(bs, dtype=torch.float32),
+        token_windows=torch.zeros(bs, dtype=torch.int64),
         bounds=torch.zeros(bs, 0, dtype=torch.int64),
     )
     no_boundary = torch.zeros(bs, 1, dtype=torch.int64)  # boundaries and probe slots: one column of 0s
@@ -188,7 +192,8 @@ class Window:
     chain_tokens: torch.Tensor  # [bs, L+1] c_n, d_1..d_L
     on_device: PlanOnDevice  # the plan as acceptance and the judge read it
     configs: list  # [bs] ParseConfig
-    any_likelihood: bool  # some request is judged by likelihood (host-known)
+    any_judged: bool  # some request's judge may extend its acceptance (host-known)
+    any_token_judge: bool  # some request is judged by a token judge (host-known)
 
     @property
     def chain_rows(self) -> int:
@@ -269,5 +274,6 @@ def plan_window(
         chain_tokens=chain_tokens,
         on_device=on_device,
         configs=[p.config for p in policies],
-        any_likelihood=bool(plan.likelihood.any()),
+        any_judged=bool(plan.judged.any()),
+        any_token_judge=bool(plan.token_modes.any()),
     )

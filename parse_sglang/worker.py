@@ -72,6 +72,7 @@ from parse_sglang.draft_chain import Draft, DraftChain
 from parse_sglang.draft_length import FixedDraftLength
 from parse_sglang.eagle3_head import HeadChain
 from parse_sglang.judge import answer_columns
+from parse_sglang.judge_head import load as load_judge_head
 from parse_sglang.packing import fields_of, pack, unpack
 from parse_sglang.round_acceptance import accept_round
 from parse_sglang.scheduler_patches.verify_graph import VerifyGraphs
@@ -137,9 +138,15 @@ class ParseWorker(WorkerSetup, BaseSpecWorker):
                 raise ValueError("eagle3_head needs adaptive: true (head rounds run where the target would run alone)")
             self.head = HeadChain(server_args, gpu_id, nccl_port, target_worker, self.config.eagle3_head,
                                   self.config.eagle3_steps)  # fmt: skip
+        self.judge_head = None  # judge_mode "head": P(harmful) from the verify's hidden states (`judge_head`)
+        if self.config.judge_head:
+            self.judge_head = load_judge_head(self.config.judge_head, self.model_runner.model_config.hf_config)
+            self.judge_head = dataclasses.replace(self.judge_head, weights=self.judge_head.weights.to(self.device))
         self.totals = ServerTotals()  # get_server_info()'s "parse" entry
         self.tp = TpSync.of_tp_group()  # rank 0's plan and decisions on every TP rank
-        self._verify_aux = None  # the last verify's aux hidden states (a head server's)
+        self._verify_aux = (
+            None  # the last verify's captured hidden states: the EAGLE-3 head's aux, or the judge head's final
+        )
         self._drafting = False  # the last round drafted (`_defers_draft`)
         logger.info(
             "PARSE worker: L=%d, probe_stride=%d, judge=%s, threshold=%.3f, probe suffix m=%d, N_max=%d, window=%s",
@@ -294,7 +301,9 @@ class ParseWorker(WorkerSetup, BaseSpecWorker):
     def _verify(self, batch: ScheduleBatch, committed: Committed, window: Window):
         """6. ONE target forward over every request's window (`verify_pass.target_verify`)."""
         req_to_token = self.req_to_token_pool.req_to_token
-        aux = self.head is not None  # the head's input: the target's aux states of the window's rows
+        aux = (
+            self.head is not None or self.judge_head is not None
+        )  # the heads' input: hidden states of the window's rows
         chain, probes, graphed, aux = target_verify(
             self.target_worker, self.verify_graphs, req_to_token, batch, committed, window, aux
         )
@@ -309,8 +318,10 @@ class ParseWorker(WorkerSetup, BaseSpecWorker):
         if proposals is not None:
             proposals = proposals[:, : window.shape.draft_len]
         watermark = self.target_worker.model_runner.watermark_state
+        hidden = self._verify_aux if self.judge_head is not None else None
         return accept_round(batch, committed.seq_lens, window, chain_logits, probe_logits, chain, proposals,
-                            self.rejection_sampling, self.probe, self.answer_columns, watermark)  # fmt: skip
+                            self.rejection_sampling, self.probe, self.answer_columns, watermark, hidden,
+                            self.judge_head)  # fmt: skip
 
     def _record(self, reqs, window: Window, accepted: Accepted, graphed: bool, steps: int = 1, head: bool = False):
         """The round's result on the host (its one copy back): counters, target phases, and

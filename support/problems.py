@@ -72,8 +72,13 @@ class MathProblem:
 
     def passes(self, text: str) -> bool:
         """The answer's last number equals the expected one."""
-        numbers = re.findall(r"-?\d+(?:\.\d+)?", text.replace(",", ""))
-        return bool(numbers) and float(numbers[-1]) == self.answer
+        return final_number(text) == self.answer
+
+
+def final_number(text: str) -> float | None:
+    """The last number in `text` (commas dropped), or None."""
+    numbers = re.findall(r"-?\d+(?:\.\d+)?", text.replace(",", ""))
+    return float(numbers[-1]) if numbers else None
 
 
 # Run in a separate process with the extracted files first on sys.path: GSMSymbolicDataset's
@@ -94,8 +99,9 @@ print(json.dumps(out))
 """
 
 
-def gsm(first: int = 0, count: int = 60, cache_dir=None, wheel_dir=None) -> list[MathProblem]:
-    """GSM-symbolic problems first .. first + count - 1 of reasoning-gym's dataset at GSM_SEED."""
+def gsm(first: int = 0, count: int = 60, cache_dir=None, wheel_dir=None, seed: int = GSM_SEED) -> list[MathProblem]:
+    """GSM-symbolic problems first .. first + count - 1 of reasoning-gym's dataset at `seed` (every
+    scored set: GSM_SEED)."""
     import ast
 
     if first < 0:
@@ -111,7 +117,7 @@ def gsm(first: int = 0, count: int = 60, cache_dir=None, wheel_dir=None) -> list
         module = ast.parse(archive.read(GSM_PACKAGE + "gsm_symbolic.py").decode())
         tasks = next(ast.literal_eval(n.value) for n in module.body
                      if isinstance(n, ast.Assign) and getattr(n.targets[0], "id", None) == "tasks_ok")  # fmt: skip
-        done = subprocess.run([sys.executable, "-S", "-c", _GSM_SCRIPT, json.dumps([GSM_SEED, first, count, tasks])],
+        done = subprocess.run([sys.executable, "-S", "-c", _GSM_SCRIPT, json.dumps([seed, first, count, tasks])],
                               cwd=folder, capture_output=True, text=True, check=True, env={"PYTHONPATH": folder})  # fmt: skip
     return [MathProblem(p["question"] + GSM_SUFFIX, p["answer"]) for p in json.loads(done.stdout)]
 

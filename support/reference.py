@@ -17,11 +17,19 @@ from typing import Sequence
 
 import torch
 
+from parse_sglang import judge_head
 from parse_sglang.acceptance import accept_lengths, emitted_tokens
 from parse_sglang.attention.layout import VerifyRequest, build_verify_layout
-from parse_sglang.boundaries import delimiter_ends, draft_boundaries
+from parse_sglang.boundaries import delimiter_ends, draft_boundaries, probe_stride
 from parse_sglang.settings import ParseConfig
-from parse_sglang.judge import build_judge_probe, judge_scores, likelihood_scores, prefix_passes, token_probabilities
+from parse_sglang.judge import (
+    build_judge_probe,
+    chain_statistics,
+    judge_scores,
+    judged_tokens,
+    probe_reach,
+    token_passes,
+)
 
 
 def _ids(values, name: str) -> list[int]:
@@ -32,19 +40,26 @@ def _ids(values, name: str) -> list[int]:
     return [int(v) for v in values]
 
 
-def _masked_forward(model, input_ids, positions, allowed, rows, cache=None) -> torch.Tensor:
-    """Logits at `rows` of one forward with an explicit [query, key] visibility matrix."""
+def _masked_forward(model, input_ids, positions, allowed, rows, cache=None, hidden: bool = False):
+    """Logits at `rows` of one forward with an explicit [query, key] visibility matrix; with `hidden`
+    also the final hidden states there (the lm_head's input, what SGLang hands a judge head)."""
     dtype = model.dtype
     bias = torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, torch.finfo(dtype).min)
-    out = model(
-        input_ids=input_ids[None],
-        position_ids=positions[None],
-        attention_mask=bias[None, None],
-        past_key_values=cache,
-        use_cache=cache is not None,
-        logits_to_keep=rows,
-    )
-    return out.logits[0].float()
+    seen = []
+    hook = model.get_output_embeddings().register_forward_hook(lambda _m, args, _out: seen.append(args[0]))
+    try:
+        out = model(
+            input_ids=input_ids[None],
+            position_ids=positions[None],
+            attention_mask=bias[None, None],
+            past_key_values=cache,
+            use_cache=cache is not None,
+            logits_to_keep=rows,
+        )
+    finally:
+        hook.remove()
+    logits = out.logits[0].float()
+    return (logits, seen[0][0].float()) if hidden else logits
 
 
 def _window(prefix_len, last_token, draft, boundaries, suffix):
@@ -162,6 +177,7 @@ class ParseGenerator:
             )
         self.target, self.draft, self.tokenizer, self.config = target, draft, tokenizer, config
         self.probe = build_judge_probe(tokenizer, config.judge_question) if config.uses_probe else None
+        self.head = judge_head.load(config.judge_head, target.config) if config.judge_head else None
         eos = target.generation_config.eos_token_id
         eos = [eos] if isinstance(eos, int) else list(eos or [])
         self.eos_ids = sorted(set(eos) | ({tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()))
@@ -192,29 +208,23 @@ class ParseGenerator:
         """One PARSE round; returns (emitted tokens, finished, judge rejected part of the draft)."""
         cfg = self.config
         draft = self._draft(state, budget=min(cfg.draft_budget, max(remaining - 1, 1)))
-        bounds = draft_boundaries(self.tokenizer, draft, cfg.probe_stride, cfg.delimiters) if cfg.judge else []
+        stride = probe_stride(cfg.probe_stride, cfg.draft_budget)  # the worker's: Δ at the round's L
+        bounds = draft_boundaries(self.tokenizer, draft, stride, cfg.delimiters) if cfg.judge else []
         probed = bounds if self.probe else []
-        chain_logits, probe_logits = self._verify(state, draft, probed, list(self.probe.suffix_ids) if probed else [])
-        target_next = chain_logits.argmax(-1)
-        boundaries = torch.tensor([bounds or [0]])
-        zeros = torch.zeros(boundaries.shape)
-        token_probs = token_probabilities(chain_logits[:-1], torch.tensor(draft))[None]
-        passed = prefix_passes(
-            judge_scores(probe_logits, self.probe)[None] if probed else zeros,
-            torch.tensor([cfg.threshold]),
-            likelihood_scores(token_probs, boundaries),
-            torch.tensor([cfg.likelihood_threshold]),
-            torch.tensor([cfg.uses_probe]),
-            torch.tensor([cfg.uses_likelihood]),
-        )
-        lengths = accept_lengths(
-            draft=torch.tensor([draft]),
-            draft_lens=torch.tensor([len(draft)]),
-            target_next=target_next[None],
-            boundaries=boundaries,
-            passed=passed,
-            judge=torch.tensor([cfg.judge]),
-        )
+        chain_logits, probe_logits, hidden = self._verify(state, draft, probed,
+                                                          list(self.probe.suffix_ids) if probed else [])  # fmt: skip
+        drafts, lens = torch.tensor([draft]), torch.tensor([len(draft)])
+        stats = chain_statistics(chain_logits[None], drafts)
+        reach = torch.zeros(1, dtype=torch.int64)
+        if probed:
+            reach = probe_reach(judge_scores(probe_logits, self.probe)[None], torch.tensor([cfg.threshold]),
+                                torch.tensor([bounds]))  # fmt: skip
+        harm = self.head.harm(hidden[None, 1:], stats.draft_probs.log(), stats.top_probs.log()) if self.head else None
+        token_ok, _ = token_passes(stats, drafts == stats.top_tokens[:, :-1], lens, torch.tensor([cfg.token_judge]),
+                                   torch.tensor([cfg.token_threshold]), torch.tensor([cfg.divergence_window]), harm)  # fmt: skip
+        passed = judged_tokens(len(draft), torch.tensor([cfg.judge]), torch.tensor([cfg.uses_probe]), reach, token_ok)
+        lengths = accept_lengths(drafts, lens, stats.top_tokens, passed)
+        target_next = stats.top_tokens[0]
         a = int(lengths.accepted[0])
         tokens, finished = emitted_tokens(draft, a, int(target_next[a]), self.eos_ids, remaining)
         self._commit(state, draft_kept=a, tokens=tokens)
@@ -245,12 +255,14 @@ class ParseGenerator:
         return draft
 
     def _verify(self, state: _State, draft, bounds, suffix):
+        """(chain logits [L+1, V], probe logits [K, V], the chain rows' final hidden states [L+1, H])."""
         prefix_len = len(state.tokens) - 1
         layout, allowed, rows = _window(prefix_len, state.tokens[-1], draft, bounds, suffix)
-        logits = _masked_forward(self.target, layout.input_ids, layout.positions, allowed, rows, state.target_cache)
+        logits, hidden = _masked_forward(self.target, layout.input_ids, layout.positions, allowed, rows,
+                                         state.target_cache, hidden=True)  # fmt: skip
         state.stats.target_forwards += 1
         chain = len(layout.chain_rows)
-        return logits[:chain], logits[chain:]
+        return logits[:chain], logits[chain:], hidden[:chain]
 
     def _commit(self, state: _State, draft_kept: int, tokens: list[int]) -> None:
         """Keep the KV of c_n d_1..d_a (the window's first rows) in both caches; drop the rest."""

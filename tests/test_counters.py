@@ -81,16 +81,16 @@ def test_a_tier_zero_round_of_decode_steps_counts_each_step_as_a_round():
     for req, outputs in zip(reqs, ((RETURN_PROBE_SCORES,), ())):
         req.parse = RequestState(resolved=SimpleNamespace(outputs=outputs))
     plan = SimpleNamespace(draft_lens=torch.zeros(2, dtype=torch.int64), bounds=torch.zeros(2, 0, dtype=torch.int64),
-                           probed=torch.zeros(2, dtype=torch.bool), likelihood=torch.zeros(2, dtype=torch.bool),
+                           probed=torch.zeros(2, dtype=torch.bool), token_modes=torch.zeros(2, dtype=torch.int64),
                            drafts=torch.zeros(2, 0, dtype=torch.int64), confidence=torch.zeros(2, 0))  # fmt: skip
     window = SimpleNamespace(plan=plan, shape=SimpleNamespace(draft_len=0, rows=1))
     result = RoundResult(emitted=[[5, 6, 7], [8, 9, 10]], lengths=[2, 2], exact_tokens=[2, 2], probe_scores=None,
-                         likelihood=None)  # fmt: skip
+                         token_scores=None)  # fmt: skip
     record_round_stats(totals, reqs, window, result, graphed=True, steps=3)
     stats = [req.customized_info[counters.STATS_KEY][0] for req in reqs]
     assert [{k: s[k] for k in COUNTERS} for s in stats] == [dict(zip(COUNTERS, (3, 0, 0, 0, 0, 0, 0, 0)))] * 2
     entry = {"length": 0, "head": False, "draft": [], "confidence": [], "accepted": 0, "exact": 0, "probes": [],
-             "likelihood": []}  # fmt: skip
+             "tokens": []}  # fmt: skip
     assert stats[0][counters.PROBE_SCORES] == [entry] * 3 and counters.PROBE_SCORES not in stats[1]
     summary = totals.summary()
     passes = (totals.requests, totals.rounds, totals.verify_passes, totals.batch_rounds, totals.graph_passes)

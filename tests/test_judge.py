@@ -231,19 +231,3 @@ def test_logit_shapes_are_checked():
         score_from_answer_logits(torch.zeros(2, 4), PROBE)
     with pytest.raises(ValueError, match="vocabulary"):
         judge_scores(torch.zeros(2, 7), PROBE)
-
-
-def test_token_probabilities_read_in_chunks_equal_the_softmax(monkeypatch):
-    from parse_sglang import judge
-
-    logits = torch.randn(3, 5, 11, generator=torch.Generator().manual_seed(0))
-    tokens = torch.randint(0, 11, (3, 5), generator=torch.Generator().manual_seed(1))
-    want = logits.softmax(-1).gather(-1, tokens[..., None]).squeeze(-1)
-    assert torch.allclose(judge.token_probabilities(logits, tokens), want, atol=1e-6)
-    monkeypatch.setattr(judge, "_LOGSUMEXP_ELEMENTS", 22)  # two rows at a time: 8 chunks for 15 rows
-    assert torch.allclose(judge.token_probabilities(logits, tokens), want, atol=1e-6)
-    # a round without drafts (an adaptive server's tier 0): nothing to read, no error
-    assert judge.token_probabilities(logits[:, :0], tokens[:, :0]).shape == (3, 0)
-    from parse_sglang.judge import likelihood_scores
-
-    assert likelihood_scores(torch.zeros(3, 0), torch.zeros(3, 2, dtype=torch.int64)).tolist() == [[0.0, 0.0]] * 3

@@ -10,6 +10,8 @@ threshold rises.
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from conftest import load_benchmark, probe_config
@@ -32,7 +34,8 @@ def rows(semantic, cpu_runtime):
 
 def test_rows_and_lossless(rows, semantic):
     parse_modes = [m for m, _, _ in semantic.parse_rows()]
-    assert [key[0] for key in rows] == ["target_only", "standalone", *parse_modes, "parse_adaptive"]
+    assert [key[0] for key in rows] == ["target_only", "standalone", *parse_modes, "parse_adaptive",
+                                        "parse_default_judge"]  # fmt: skip
     target, lossless = rows["target_only", None], rows["parse_lossless", None]
     assert lossless["output_ids"] == target["output_ids"] and lossless["accuracy"] == target["accuracy"] >= 0.9
     assert rows["parse_adaptive", None]["output_ids"] == target["output_ids"]
@@ -40,16 +43,22 @@ def test_rows_and_lossless(rows, semantic):
     L = probe_config().draft_budget
     assert lossless["verify_rows_per_round"] == L + 1
     for mode, threshold in rows:
-        if mode == "parse_likelihood":
+        if mode in ("parse_likelihood", "parse_divergence"):
             assert rows[mode, threshold]["verify_rows_per_round"] == L + 1  # no probe rows
         if mode == "parse_probe":
             assert rows[mode, threshold]["verify_rows_per_round"] > L + 1
+        row = rows[mode, threshold]  # paired against lossless on the same problems
+        b = sum(x and not y for x, y in zip(lossless["correct"], row["correct"]))
+        c = sum(y and not x for x, y in zip(lossless["correct"], row["correct"]))
+        assert (row["paired_b"], row["paired_c"]) == (b, c) and row["loss_upper95"] >= (b - c) / len(row["correct"])
+    assert (lossless["paired_b"], lossless["paired_c"], lossless["loss_upper95"]) == (0, 0, 0.0)
 
 
 def test_judges_take_fewer_tokens_as_their_threshold_rises(rows):
-    """Both judges accept tokens beyond the exact match at their lowest threshold, and a higher
-    threshold (τ, λ) accepts no larger share."""
-    for mode, thresholds in (("parse_probe", (0.3, 0.5, 0.7, 0.9)), ("parse_likelihood", (0.05, 0.2, 0.5))):
+    """Every judge accepts tokens beyond the exact match at its lowest threshold, and a higher
+    threshold (τ, λ, θ) accepts no larger share."""
+    for mode, thresholds in (("parse_probe", (0.3, 0.5, 0.7, 0.9)), ("parse_likelihood", (0.05, 0.2, 0.5)),
+                             ("parse_divergence", (0.5, 1.0, 2.0))):  # fmt: skip
         shares = [rows[mode, t]["judged_share"] for t in thresholds]
         assert shares[0] > 0 and shares == sorted(shares, reverse=True), (mode, shares)
 
@@ -74,6 +83,34 @@ def test_plot_of_rows_that_all_pass(semantic, tmp_path):
     ]  # fmt: skip
     semantic.plot(rows, str(tmp_path / "all.png"), "test")
     assert (tmp_path / "all.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_paired_bound_and_merge(semantic, tmp_path):
+    """McNemar's exact p and the one-sided bound on hand-counted tables, and two shards merged into
+    the rows of one run (totals added, per-problem lists joined)."""
+
+    def row(mode, correct, tokens=10, forwards=5):
+        return {"mode": mode, "threshold": None, "dtype": "bfloat16", "correct": correct, "tokens": tokens,
+                "forwards": forwards, "judged": 1, "rounds": 2, "verify_rows": 10, "wall_s": 1.0,
+                "output_ids": [[1]] * len(correct)}  # fmt: skip
+
+    base, judge = row("parse_lossless", [True] * 4 + [False]), row("parse_likelihood", [False] + [True] * 4)
+    semantic.paired([base, judge])
+    assert (judge["paired_b"], judge["paired_c"], judge["mcnemar_p"]) == (1, 1, 1.0)
+    assert judge["loss_upper95"] == pytest.approx(2 * (2 * 0.95**0.5 - 1) / 5, abs=1e-6)  # P(X <= 1 | π_U) = 0.05
+    base, judge = row("parse_lossless", [True] * 100), row("parse_head", [False] * 10 + [True] * 90)
+    semantic.paired([base, judge])
+    assert judge["mcnemar_p"] == pytest.approx(2 * 0.5**10) and judge["loss_upper95"] == pytest.approx(0.1)
+    shards = []
+    for i, part in enumerate(([True, False], [True, True, False])):
+        path = tmp_path / f"shard{i}.jsonl"
+        path.write_text("\n".join(json.dumps(r) for r in (row("parse_lossless", part), row("parse_head", part[::-1]))))
+        shards.append(str(path))
+    merged = {r["mode"]: r for r in semantic.merge(shards)}
+    assert merged["parse_lossless"]["correct"] == [True, False, True, True, False]
+    assert (merged["parse_head"]["tokens"], merged["parse_head"]["problems"]) == (20, 5)
+    assert merged["parse_head"]["tokens_per_target_forward"] == 2.0
+    assert (merged["parse_head"]["paired_b"], merged["parse_head"]["paired_c"]) == (2, 2)
 
 
 @pytest.mark.parametrize(

@@ -132,9 +132,10 @@ class _Plan:
     phase_limits: torch.Tensor
     judged: torch.Tensor
     probed: torch.Tensor
-    likelihood: torch.Tensor
     thresholds: torch.Tensor
-    likelihood_thresholds: torch.Tensor
+    token_modes: torch.Tensor
+    token_thresholds: torch.Tensor
+    token_windows: torch.Tensor
     bounds: torch.Tensor
 
 
@@ -162,9 +163,10 @@ def _rank_main(rank: int, init_file: str, fault: str, results) -> None:
         phase_limits=torch.tensor([3, 3 - rank]),
         judged=torch.tensor([True, rank == 0]),
         probed=torch.tensor([rank == 0, True]),
-        likelihood=torch.tensor([False, rank == 1]),
         thresholds=torch.tensor([0.3, 0.5 + rank]),
-        likelihood_thresholds=torch.tensor([0.25, 0.5]),
+        token_modes=torch.tensor([0, 1 + rank]),
+        token_thresholds=torch.tensor([0.25, 0.5]),
+        token_windows=torch.tensor([4, 4 + rank]),
         bounds=torch.tensor([[2, 3, 0], [2, 0, 0]]),
     )
     shared = sync.share_plan(plan)
@@ -227,9 +229,10 @@ def test_every_rank_gets_rank0s_plan_and_decisions(tmp_path, fault):
             "phase_limits": (torch.int64, [3, 3]),
             "judged": (torch.bool, [True, True]),
             "probed": (torch.bool, [True, True]),
-            "likelihood": (torch.bool, [False, False]),
             "thresholds": (torch.float32, [0.30000001192092896, 0.5]),  # float32 bits travel exactly
-            "likelihood_thresholds": (torch.float32, [0.25, 0.5]),
+            "token_modes": (torch.int64, [0, 1]),
+            "token_thresholds": (torch.float32, [0.25, 0.5]),
+            "token_windows": (torch.int64, [4, 4]),
             "bounds": (torch.int64, [[2, 3, 0], [2, 0, 0]]),
         }
     )

@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from parse_sglang.acceptance import accept_lengths, emitted_tokens
-from parse_sglang.judge import likelihood_scores, prefix_passes
+from parse_sglang import judge
+from parse_sglang.judge import judged_tokens, probe_reach
 from parse_sglang.boundaries import delimiter_ends, select_boundaries
 from parse_sglang.settings import ParseConfig
 
@@ -20,7 +21,7 @@ def test_config_defaults_are_the_measured_ones_and_round_trip():
     assert (cfg.judge, cfg.adaptive, cfg.draft_budget, cfg.tiers) == (False, True, 32, (0, 4, 8, 16, 32))
     assert (cfg.judge_mode, cfg.likelihood_threshold, cfg.threshold) == ("likelihood", 0.2, 0.9)
     judged = ParseConfig(judge=True)
-    assert (judged.uses_probe, judged.uses_likelihood) == (False, True)
+    assert (judged.uses_probe, judged.token_judge) == (False, judge.TOKEN_JUDGES["likelihood"])
 
 
 @pytest.mark.parametrize(
@@ -91,18 +92,13 @@ def pad_ragged(rows, fill, dtype) -> torch.Tensor:
 
 def _accept(drafts, targets, bounds, scores, threshold, judge):
     """Probe-judged acceptance (judge_mode "probe")."""
-    scores = pad_ragged(scores, 0.0, torch.float)
-    passed = prefix_passes(scores, torch.tensor(threshold, dtype=torch.float), torch.zeros_like(scores),
-                           torch.zeros(len(drafts)), torch.ones(len(drafts), dtype=torch.bool),
-                           torch.zeros(len(drafts), dtype=torch.bool))  # fmt: skip
-    return accept_lengths(
-        draft=pad_ragged(drafts, 0, torch.long),
-        draft_lens=torch.tensor([len(d) for d in drafts]),
-        target_next=pad_ragged(targets, -1, torch.long),
-        boundaries=pad_ragged(bounds, 0, torch.long),
-        passed=passed,
-        judge=torch.tensor(judge),
-    )
+    lens = torch.tensor([len(d) for d in drafts])
+    draft = pad_ragged(drafts, 0, torch.long)
+    reach = probe_reach(pad_ragged(scores, 0.0, torch.float), torch.tensor(threshold, dtype=torch.float),
+                        pad_ragged(bounds, 0, torch.long))  # fmt: skip
+    every = torch.ones(draft.shape, dtype=torch.bool)  # no token judge: every token passes it
+    passed = judged_tokens(draft.shape[1], torch.tensor(judge), torch.ones(len(drafts), dtype=torch.bool), reach, every)
+    return accept_lengths(draft, lens, pad_ragged(targets, -1, torch.long), passed)
 
 
 def test_accept_is_max_of_exact_and_judged_and_first_failing_probe_stops():
@@ -141,53 +137,42 @@ def test_emitted_tokens_truncate_like_target_only_decoding():
         emitted_tokens([1], 1, 2, [], 0)
 
 
-def test_likelihood_scores_are_the_smallest_token_probability_up_to_each_boundary():
-    probs = torch.tensor([[0.9, 0.6, 0.8, 0.3, 0.95], [0.5, 0.5, 0.5, 0.5, 0.5]])
-    bounds = torch.tensor([[1, 3, 5], [2, 0, 0]])
-    got = likelihood_scores(probs, bounds)
-    assert torch.allclose(got, torch.tensor([[0.9, 0.6, 0.3], [0.5, 0.0, 0.0]]))
-
-
-@pytest.mark.parametrize(
-    "mode, passed",
-    [
-        ("probe", [[True, True, False]]),  # probe scores 0.9, 0.8, 0.1 against τ 0.5
-        ("likelihood", [[True, False, False]]),  # min token probs 0.9, 0.6, 0.3 against λ 0.7
-        ("both", [[True, False, False]]),
-    ],
-)
-def test_prefix_passes_by_judge_mode(mode, passed):
-    cfg = ParseConfig(judge=True, judge_mode=mode, threshold=0.5, likelihood_threshold=0.7)
-    got = prefix_passes(
-        torch.tensor([[0.9, 0.8, 0.1]]), torch.tensor([cfg.threshold]),
-        torch.tensor([[0.9, 0.6, 0.3]]), torch.tensor([cfg.likelihood_threshold]),
-        torch.tensor([cfg.uses_probe]), torch.tensor([cfg.uses_likelihood]),
-    )  # fmt: skip
-    assert got.tolist() == passed
-
-
-def test_likelihood_judge_accepts_the_longest_likely_boundary_prefix():
-    """Draft [5, 6, 7, 8]: exact match stops after 1 token; token probabilities 0.9, 0.8, 0.4,
-    0.9 with boundaries 2 and 4 and λ = 0.5 accept the prefix ending at 2 (0.4 fails at 4)."""
-    boundaries = torch.tensor([[2, 4]])
-    passed = prefix_passes(torch.zeros(1, 2), torch.tensor([0.5]),
-                           likelihood_scores(torch.tensor([[0.9, 0.8, 0.4, 0.9]]), boundaries), torch.tensor([0.5]),
-                           torch.tensor([False]), torch.tensor([True]))  # fmt: skip
-    got = accept_lengths(torch.tensor([[5, 6, 7, 8]]), torch.tensor([4]), torch.tensor([[5, 0, 0, 0, 0]]),
-                         boundaries, passed, torch.tensor([True]))  # fmt: skip
-    assert (got.exact.item(), got.accepted.item(), got.judged.item()) == (1, 2, 1)
+def test_likelihood_judge_accepts_each_likely_token_and_exact_matches_pass_it():
+    """Draft [5, 6, 7, 8, 9] against the target's [5, 0, 7, 0, 0]: target probabilities 0.1, 0.8,
+    0.05, 0.4, 0.9 at λ = 0.5: d_1 and d_3 are exact (an exact match needs no judge, however
+    unlikely), d_2 is likely, d_4 is neither: the round keeps 3 tokens, 1 by the judge."""
+    stats = judge.ChainStats(torch.tensor([[5, 0, 7, 0, 0, 0]]), torch.tensor([[0.1, 0.8, 0.05, 0.4, 0.9]]),
+                             torch.ones(1, 5), torch.ones(1, 5))  # fmt: skip
+    drafts = torch.tensor([[5, 6, 7, 8, 9]])
+    mode = torch.tensor([judge.TOKEN_JUDGES["likelihood"]])
+    ok, _ = judge.token_passes(stats, drafts == stats.top_tokens[:, :-1], torch.tensor([5]), mode,
+                               torch.tensor([0.5]), torch.tensor([1]), None)  # fmt: skip
+    passed = judged_tokens(5, torch.tensor([True]), torch.tensor([False]), torch.tensor([0]), ok)
+    got = accept_lengths(drafts, torch.tensor([5]), stats.top_tokens, passed)
+    assert (got.exact.item(), got.accepted.item(), got.judged.item()) == (1, 3, 2)
 
 
 def test_judge_mode_settings_are_checked():
     with pytest.raises(
-        ValueError, match=r"judge_mode='vote' is invalid: allowed is one of \('probe', 'likelihood', 'both'\)"
+        ValueError,
+        match=r"judge_mode='vote' is invalid: allowed is one of \('probe', 'likelihood', 'both', 'divergence', 'head'\)",
     ):
         ParseConfig(judge_mode="vote")
     with pytest.raises(ValueError, match=r"likelihood_threshold=1.2 is invalid: allowed is a number in \[0, 1\]"):
         ParseConfig(likelihood_threshold=1.2)
     likelihood = ParseConfig(judge=True, judge_mode="likelihood")
-    assert (likelihood.uses_probe, likelihood.uses_likelihood) == (False, True)
-    assert not ParseConfig(judge=False, judge_mode="both").uses_likelihood
+    assert (likelihood.uses_probe, likelihood.token_judge) == (False, judge.TOKEN_JUDGES["likelihood"])
+    assert not ParseConfig(judge=False, judge_mode="both").token_judge
+    both = ParseConfig(judge=True, judge_mode="both")
+    assert (both.uses_probe, both.token_judge) == (True, judge.TOKEN_JUDGES["likelihood"])
+    divergence = ParseConfig(judge=True, judge_mode="divergence", divergence_entropy=1.5)
+    assert (divergence.uses_probe, divergence.token_judge, divergence.token_threshold) == (False, 2, 1.5)
+    with pytest.raises(ValueError, match=r"divergence_window=0 is invalid: allowed is an integer in \[1, 64\]"):
+        ParseConfig(divergence_window=0)
+    with pytest.raises(ValueError, match=r"divergence_entropy=-1 is invalid: allowed is a number of nats"):
+        ParseConfig(divergence_entropy=-1)
+    with pytest.raises(ValueError, match=r"head_threshold=2 is invalid: allowed is a number in \[0, 1\]"):
+        ParseConfig(head_threshold=2)
 
 
 def test_likelihood_server_has_no_probe_rows_and_refuses_probe_requests():

@@ -36,6 +36,7 @@ import torch
 from torch import Tensor
 
 from parse_sglang.attention.layout import row_offsets, row_reach, row_roles, visible
+from parse_sglang.boundaries import probe_stride
 from parse_sglang.settings import ParseConfig, judge_probe_for
 
 
@@ -99,11 +100,11 @@ class WindowGeometry:
 
     def max_probes(self, draft_len: Optional[int] = None) -> int:
         """K_max: the most boundaries `select_boundaries` returns for a draft of L tokens (the
-        server's L, or `draft_len`): interior segment ends at least probe_stride apart, plus the end."""
+        server's L, or `draft_len`): interior segment ends at least Δ apart (`boundaries.probe_stride`), plus the end."""
         length = self.config.draft_budget if draft_len is None else draft_len
         if not self.config.uses_probe or length < 1:
             return 0
-        return (length - 1) // self.config.probe_stride + 1
+        return (length - 1) // probe_stride(self.config.probe_stride, length) + 1
 
     def fixed(self, draft_len: Optional[int] = None) -> WindowShape:
         """The largest window of a round drafting L tokens: K_max probes of m rows (what a fixed

@@ -7,8 +7,8 @@ What it changes (each only for a PARSE target runner; other algorithms are untou
   `ParseVerifyInput.for_capture` of the window shape being captured, whose request-major
   logits rows the graph bakes in. Those rows come from the model runner's `ShapeConstants`,
   so they live as long as the graph (a tensor made for the capture and dropped after it
-  would be freed memory at every replay). On a server with an EAGLE-3 head the capture input
-  asks for `CaptureHiddenMode.FULL`, so the graphs keep the aux hidden states the head reads
+  would be freed memory at every replay). On a server with an EAGLE-3 head or a judge head the
+  capture input asks for `CaptureHiddenMode.FULL`, so the graphs keep the hidden states the head reads
   (SGLang sizes the runner's aux buffer and replays only forwards that ask for no more).
 - AFTER `ModelRunner.max_decode_logits_rows` and
   `DecodeCudaGraphRunner._next_token_logits_buffer_capacity_rows`: SGLang sizes the graphs'
@@ -39,7 +39,7 @@ from sglang.srt.plugins.hook_registry import HookType
 
 from parse_sglang.attention.window import WindowShape
 from parse_sglang.scheduler_patches import register_hooks_once
-from parse_sglang.settings import ALGORITHM
+from parse_sglang.settings import ALGORITHM, server_parse_config
 
 logger = logging.getLogger(__name__)
 
@@ -101,7 +101,10 @@ def capture_spec_info(original, runner, num_tokens: int):
 
     rows = shape_constants(model_runner).logits_rows(num_tokens // shape.rows, shape)
     info = ParseVerifyInput.for_capture(shape, rows, runner.buffers.custom_mask)
-    if model_runner.spec_aux_config.eagle_use_aux_hidden_state:  # an EAGLE-3 head reads every verify's aux states
+    from sglang.srt.runtime_context import get_spec
+
+    judge_head = server_parse_config(model_runner.server_args, get_spec().speculative_num_steps).judge_head
+    if model_runner.spec_aux_config.eagle_use_aux_hidden_state or judge_head:  # the heads read every verify's states
         info.capture_hidden_mode = CaptureHiddenMode.FULL
     return info
 

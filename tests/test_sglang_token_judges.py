@@ -1,9 +1,11 @@
-"""SGLang tier: PARSE's likelihood judge (judge_mode "likelihood", docs/testing.md §4).
+"""SGLang tier: PARSE's token judges (judge_mode "likelihood", "divergence", "head"; docs/testing.md §4).
 
-A server in likelihood mode reserves no probe rows (its verify window is the L + 1 chain
-rows) and accepts the longest boundary-ending prefix whose draft tokens each have target
-probability >= λ, read from those chain rows. Checked against the target's own logprobs of
-the returned tokens, against the Hugging Face reference, and λ = 1 against lossless output.
+A server whose judge reads draft tokens (no probe) reserves no probe rows (its verify window is
+the L + 1 chain rows) and keeps the longest prefix of exact matches and tokens its judge accepts,
+read from those chain rows (and, for a judge head, their hidden states). Checked against the
+target's own logprobs of the returned tokens, against the Hugging Face reference for every mode,
+and λ = 1 against lossless output. The server carries a judge head with random weights for the
+tiny target (what it accepts is arbitrary; that worker and reference agree is the point).
 """
 
 from __future__ import annotations
@@ -22,6 +24,23 @@ MAX_NEW = 24
 # The tiny target gives the draft's tokens probabilities around 0.02-0.04 (vocabulary 400): λ = 0.02
 # accepts some boundary prefixes and rejects others.
 LIKELIHOOD = probe_config(draft_budget=6, probe_stride=2, judge_mode="likelihood", likelihood_threshold=0.02)
+# Divergence: the tiny target's entropy sits near log(400) ~ 6 nats at most positions.
+DIVERGENCE = {"judge_mode": "divergence", "divergence_entropy": 4.0, "divergence_window": 1}
+HEAD = {"judge_mode": "head", "head_threshold": 0.5}
+
+
+def random_head(target_dir, path) -> str:
+    """A judge head with random weights for the tiny target, written to `path`."""
+    import torch
+
+    from parse_sglang import judge_head
+
+    identity = judge_head.TargetIdentity.of_checkpoint(target_dir)
+    weights = torch.randn(
+        identity.hidden_size + len(judge_head.EXTRA_FEATURES), generator=torch.Generator().manual_seed(0)
+    )
+    judge_head.JudgeHead(identity, weights * 0.5, 0.0, 0.5, [], {"made": "tests: random weights"}).save(str(path))
+    return str(path)
 
 
 def params(**parse):
@@ -33,46 +52,59 @@ def params(**parse):
 
 
 @pytest.fixture(scope="module")
-def likelihood_engine(tiny_pair, engine_factory):
-    with engine_factory(tiny_pair[0], **parse_engine_kwargs(tiny_pair[1], LIKELIHOOD)) as engine:
+def head_file(tiny_pair, tmp_path_factory):
+    return random_head(tiny_pair[0], tmp_path_factory.mktemp("judge_head") / "head.json")
+
+
+@pytest.fixture(scope="module")
+def likelihood_engine(tiny_pair, engine_factory, head_file):
+    config = dataclasses.replace(LIKELIHOOD, judge_head=head_file)
+    with engine_factory(tiny_pair[0], **parse_engine_kwargs(tiny_pair[1], config)) as engine:
         yield engine
 
 
 def test_window_is_the_chain_rows_and_judged_tokens_are_likely(likelihood_engine):
-    """Verify rows per round = L + 1; every round that accepted beyond the exact match accepted
-    tokens whose target probability (SGLang's returned logprob) is >= λ, up to a boundary
-    whose smallest probability is >= λ, and the next boundary's is below it."""
+    """Verify rows per round = L + 1; in every round the reported score of each kept draft token is
+    its target probability (SGLang's returned logprob), the first token past the exact match that
+    was kept is likely (>= λ), and the token that stopped a round past its exact match is not."""
     (before,) = likelihood_engine.get_server_info()["internal_states"]
     outs = likelihood_engine.generate(BATCH_PROMPTS, params(), return_logprob=True)
     (after,) = likelihood_engine.get_server_info()["internal_states"]
     rows = after["parse"]["verify_rows"] - before["parse"]["verify_rows"]
     rounds = after["parse"]["rounds"] - before["parse"]["rounds"]
     assert rows == rounds * (LIKELIHOOD.draft_budget + 1) and after["parse"]["judge_probes"] == 0
-    judged_rounds = 0
+    judged_rounds = stopped = 0
     for prompt, out in zip(BATCH_PROMPTS, outs):
         logprobs = [lp for lp, _, _ in out["meta_info"]["output_token_logprobs"]]
         committed = 1
         for round_ in out["meta_info"]["parse"]["probe_scores"]:
             assert round_["probes"] == []  # no probe rows
-            accepted, exact, bounds = round_["accepted"], round_["exact"], dict(round_["likelihood"])
+            accepted, exact, scores = round_["accepted"], round_["exact"], round_["tokens"]
+            assert len(scores) == len(round_["draft"])
+            for j in range(accepted):
+                assert math.exp(logprobs[committed + j]) == pytest.approx(scores[j], abs=1e-4)
             if accepted > exact:
                 judged_rounds += 1
-                assert bounds[accepted] >= LIKELIHOOD.likelihood_threshold
-                assert all(math.exp(lp) >= bounds[accepted] - 1e-5 for lp in logprobs[committed : committed + accepted])
-                later = [b for b in bounds if b > accepted]
-                if later and accepted < len(round_["draft"]):
-                    assert bounds[min(later)] < LIKELIHOOD.likelihood_threshold
+                assert scores[exact] >= LIKELIHOOD.likelihood_threshold
+                if accepted < len(scores):
+                    stopped += 1
+                    assert scores[accepted] < LIKELIHOOD.likelihood_threshold
             committed += accepted + 1
-    assert judged_rounds >= 3
+    assert judged_rounds >= 3 and stopped >= 1
 
 
-def test_likelihood_rounds_equal_reference(likelihood_engine, hf_target, hf_draft):
+@pytest.mark.parametrize("mode", ["likelihood", "divergence", "head"])
+def test_token_judged_rounds_equal_reference(likelihood_engine, hf_target, hf_draft, head_file, mode):
+    """Each token judge, chosen per request, gives the reference generator's output token for token
+    and the same judged count, and accepts something beyond exact matches."""
     from support.reference import ParseGenerator
 
+    settings = {"likelihood": {}, "divergence": DIVERGENCE, "head": HEAD}[mode]
     tokenizer, target = hf_target
-    reference = ParseGenerator(target, hf_draft, tokenizer, LIKELIHOOD)
+    config = dataclasses.replace(LIKELIHOOD, judge_head=head_file, **settings)
+    reference = ParseGenerator(target, hf_draft, tokenizer, config)
     prompts = BATCH_PROMPTS[:4]
-    outs = likelihood_engine.generate(prompts, params())
+    outs = likelihood_engine.generate(prompts, params(**settings))
     judged = 0
     for prompt, out in zip(prompts, outs):
         state = tokenizer(prompt).input_ids + out["output_ids"][:1]
@@ -116,9 +148,13 @@ def test_both_mode_needs_probe_and_likelihood(tiny_pair, engine_factory, hf_targ
         assert out["output_ids"][1:] == reference.generate(state, MAX_NEW - 1)[0], prompt
         for round_ in out["meta_info"]["parse"]["probe_scores"]:
             if round_["accepted"] > round_["exact"]:
-                b = round_["accepted"]
-                assert dict(round_["probes"])[b] >= both.threshold
-                assert dict(round_["likelihood"])[b] >= both.likelihood_threshold
+                reach = 0  # the longest prefix whose probes all passed
+                for bound, score in round_["probes"]:
+                    if score < both.threshold:
+                        break
+                    reach = bound
+                assert round_["exact"] < reach  # the first judged token lies within it
+                assert round_["tokens"][round_["exact"]] >= both.likelihood_threshold
     judged = {mode: sum(o["meta_info"]["parse"]["accepted_judged"] for o in outs_) for mode, outs_ in alone.items()}
     both_judged = sum(o["meta_info"]["parse"]["accepted_judged"] for o in outs)
     assert 0 < both_judged <= min(judged.values())
