@@ -259,8 +259,8 @@ def train(paths: Sequence[str], target_dir: str, max_harmful_accepted: float = 0
         "train": len(fit_rows),
         "held_out": len(held),
         "l2": l2,
-        "dev_auc": {str(k): round(v, 4) for k, v in scored.items()},
-        "held_out_auc": round(auc(harm, y_held), 4),
+        "dev_auc": {str(k): _rounded(v) for k, v in scored.items()},
+        "held_out_auc": _rounded(auc(harm, y_held)),
     }
     recipe = {"mined": mined["commands"], **report,
               "train": f"python -m parse_sglang.judge_head train ... --max-harmful-accepted {max_harmful_accepted}"}  # fmt: skip
@@ -269,11 +269,16 @@ def train(paths: Sequence[str], target_dir: str, max_harmful_accepted: float = 0
     return head, report
 
 
+def _rounded(value: float):
+    """`value` to 4 places, None where it is undefined (NaN: a split with one class only)."""
+    return None if value != value else round(value, 4)
+
+
 def evaluate(head: JudgeHead, paths: Sequence[str]) -> dict:
     """ROC AUC and the calibration table of `head` on the mismatches in `paths`."""
     x, y = _matrix(read_shards(paths)["rows"])
     harm = torch.sigmoid(x @ head.weights + head.bias)
-    return {"mismatches": len(y), "harmful_share": round(float(y.mean()), 4), "auc": round(auc(harm, y), 4),
+    return {"mismatches": len(y), "harmful_share": round(float(y.mean()), 4), "auc": _rounded(auc(harm, y)),
             "calibration": calibration(harm, y)}  # fmt: skip
 
 
@@ -282,13 +287,15 @@ def evaluate(head: JudgeHead, paths: Sequence[str]) -> dict:
 
 @dataclass
 class Suite:
-    """Problems to mine on: prompt ids, and outcome(i, text), the graded result a label compares."""
+    """Problems to mine on: prompt ids, outcome(i, text), the graded result a label compares, and
+    correct(i, text), whether that result is right (recorded beside the label)."""
 
     target: str
     draft: str
     dtype: str
     prompts: list
     outcome: object  # (problem index, output text) -> hashable
+    correct: object  # (problem index, output text) -> bool
 
 
 def load_suite(name: str, first: int, count: int, dtype: str, cache_dir=None) -> Suite:
@@ -308,16 +315,16 @@ def load_suite(name: str, first: int, count: int, dtype: str, cache_dir=None) ->
         items = synthetic.problems(SYNTHETIC_MINING_SEED, first + count)[first:]
         enc = synthetic.Encoder(AutoTokenizer.from_pretrained(target))
         return Suite(str(target), str(draft), "float32", [enc.prompt_ids(p) for p in items],
-                     lambda i, text: synthetic.final_answer(text))  # fmt: skip
+                     lambda i, text: synthetic.final_answer(text), lambda i, text: synthetic.grade(items[i], text))  # fmt: skip
     target, draft = models.pair_checkpoints("qwen2.5-coder", dtype, cache_dir)
     tok = AutoTokenizer.from_pretrained(target)
     if name == "gsm":
         math_items = problem_sets.gsm(first, count, cache_dir, seed=GSM_MINING_SEED)
         return Suite(str(target), str(draft), dtype, chat_prompt_ids(tok, [p.question for p in math_items]),
-                     lambda i, text: problem_sets.final_number(text))  # fmt: skip
+                     lambda i, text: problem_sets.final_number(text), lambda i, text: math_items[i].passes(text))  # fmt: skip
     code = problem_sets.humaneval(first, count, cache_dir)
-    return Suite(str(target), str(draft), dtype, chat_prompt_ids(tok, [p.question() for p in code]),
-                 lambda i, text: problem_sets.passes(code[i], text))  # fmt: skip
+    passes = lambda i, text: problem_sets.passes(code[i], text)  # noqa: E731
+    return Suite(str(target), str(draft), dtype, chat_prompt_ids(tok, [p.question() for p in code]), passes, passes)
 
 
 def engine(model: str, dtype: str, batch: int, context: int, hidden: bool = False):
@@ -396,13 +403,13 @@ def mine(suite_name: str, first: int, count: int, out: str, max_new_tokens: int 
             rest = [{"max_new_tokens": max(max_new_tokens - k - 1, 1), "temperature": 0} for _, k, _ in group]
             finished = eng.generate(input_ids=inputs, sampling_params=rest)
             for (i, k, q), meta, done in zip(group, feats, finished):
-                original = suite.outcome(i, tok.decode(answers[i], skip_special_tokens=True))
-                changed = suite.outcome(
-                    i, tok.decode(answers[i][:k] + [q] + done["output_ids"], skip_special_tokens=True)
-                )
+                before = tok.decode(answers[i], skip_special_tokens=True)
+                after = tok.decode(answers[i][:k] + [q] + done["output_ids"], skip_special_tokens=True)
+                original, changed = suite.outcome(i, before), suite.outcome(i, after)
                 rows.append({
                     "suite": suite_name, "problem": first + i, "position": k, "draft_token": q,
                     "target_token": answers[i][k], "harmful": int(changed != original),
+                    "correct_before": bool(suite.correct(i, before)), "correct_after": bool(suite.correct(i, after)),
                     "logp_draft": meta["input_token_logprobs"][1][0], "logp_top": meta["input_top_logprobs"][1][0][0],
                     "hidden": _b64(torch.tensor(meta["hidden_states"], dtype=torch.float32)),
                     "context": tok.decode(answers[i][max(0, k - 12) : k]), "target_text": tok.decode([answers[i][k]]),

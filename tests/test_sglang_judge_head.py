@@ -95,7 +95,8 @@ def test_foreign_or_damaged_heads_are_refused_at_startup(mined, synthetic_pair, 
     with one number changed, fails at start-up with the setting, the file and what is wrong."""
     _, head_path = mined
     damaged = tmp_path / "damaged.json"
-    damaged.write_text(head_path.read_text().replace('"bias": ', '"bias": 1', 1))
+    raw = json.loads(head_path.read_text())
+    damaged.write_text(json.dumps({**raw, "bias": raw["bias"] + 1.0}))  # one number changed, its sha256 kept
     for (target, draft), head, wrong in (
         (tiny_pair, head_path, "it was made for"),
         (synthetic_pair, damaged, "the file is damaged"),
