@@ -32,6 +32,7 @@ from types import SimpleNamespace
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from parse_sglang.judge_head import engine, teacher_top1  # noqa: E402
 
 PAIRS = ("synthetic", "useless", "smollm2", "qwen-gsm", "qwen-humaneval")
 HERE = Path(__file__).resolve().parent
@@ -59,36 +60,6 @@ def load(name: str, first: int, count: int, cache_dir=None):
     return str(target), str(draft), "bfloat16", chat_prompt_ids(AutoTokenizer.from_pretrained(target), texts)
 
 
-def engine(model: str, dtype: str, batch: int, context: int):
-    import sglang
-
-    from sglang_cpu import engine_settings
-
-    return sglang.Engine(**{**engine_settings(), "model_path": model, "dtype": dtype, "log_level": "error",
-                            "max_running_requests": batch, "context_length": context, "mem_fraction_static": 0.5,
-                            "max_total_tokens": max(8192, batch * context)})  # fmt: skip
-
-
-def top1(eng, prompts: list[list[int]], outputs: list[list[int]]) -> tuple[list, float]:
-    """Per request, the model's top-1 token and its probability at each output position; and the
-    seconds per token of these prefills (one request at a time: what a draft's catch-up costs)."""
-    import math
-
-    got, tokens, start = [], 0, time.perf_counter()
-    for prompt, output in zip(prompts, outputs):
-        meta = eng.generate(
-            input_ids=prompt + output,
-            sampling_params={"max_new_tokens": 1, "temperature": 0},
-            return_logprob=True,
-            logprob_start_len=len(prompt) - 1,
-            top_logprobs_num=1,
-        )["meta_info"]
-        tops = meta["input_top_logprobs"][1 : len(output) + 1]  # [0] is the prompt's last token's own
-        got.append(([t[0][1] for t in tops], [math.exp(t[0][0]) for t in tops]))
-        tokens += len(prompt) + len(output)
-    return got, (time.perf_counter() - start) / tokens
-
-
 def record(name: str, first: int, count: int, max_new: int, batch: int, cache_dir=None, log=print) -> dict:
     target, draft, dtype, prompts = load(name, first, count, cache_dir)
     context = -(-(max(map(len, prompts)) + max_new + 64) // 256) * 256
@@ -103,12 +74,12 @@ def record(name: str, first: int, count: int, max_new: int, batch: int, cache_di
             )
             log(f"trace {name}: target answered {len(outs)}/{len(prompts)} ({time.perf_counter() - start:.0f} s)")
         outputs = [o["output_ids"] for o in outs]
-        own, _ = top1(eng, prompts, outputs)
+        own, _ = teacher_top1(eng, prompts, outputs)
     finally:
         eng.shutdown()
     eng = engine(draft, dtype, batch, context)
     try:
-        drafted, prefill_per_token = top1(eng, prompts, outputs)
+        drafted, prefill_per_token = teacher_top1(eng, prompts, outputs)
     finally:
         eng.shutdown()
     log(f"trace {name}: draft read {len(prompts)} outputs ({time.perf_counter() - start:.0f} s)")

@@ -230,12 +230,30 @@ def calibration(harm: torch.Tensor, labels: torch.Tensor) -> list:
     return out
 
 
+LABELS = ("outcome", "correctness")
+
+
+def labelled(rows: list, label: str) -> list:
+    """The rows a head learns from: "outcome", every mismatch, harmful where the graded outcome
+    changed; "correctness", the mismatches of answers that were right, harmful where the answer
+    became wrong (what costs accuracy: a wrong answer's changes cost nothing)."""
+    if label == "outcome":
+        return rows
+    if label != "correctness":
+        raise ValueError(f"label={label!r} is invalid: allowed is one of {LABELS}")
+    kept = [dict(r, harmful=int(not r["correct_after"])) for r in rows if r.get("correct_before")]
+    if not kept:
+        raise ValueError("label='correctness' needs mined rows with correct_before true (mined by this version)")
+    return kept
+
+
 def train(paths: Sequence[str], target_dir: str, max_harmful_accepted: float = 0.05, seed: int = 0,
-          log=print) -> tuple[JudgeHead, dict]:  # fmt: skip
+          label: str = "outcome", log=print) -> tuple[JudgeHead, dict]:  # fmt: skip
     """Fit on the train problems (L2 chosen on a split of them by AUC), calibrate on the held-out
     problems; the default threshold is the largest whose held-out harmful share among accepted
     mismatches is at most `max_harmful_accepted`. Returns (head, report)."""
     mined = read_shards(paths)
+    mined["rows"] = labelled(mined["rows"], label)
     identity = TargetIdentity.of_checkpoint(target_dir)
     if mined["target"] != asdict(identity):
         raise ValueError(f"the shards were mined on {mined['target']}, --target is {asdict(identity)}")
@@ -244,7 +262,7 @@ def train(paths: Sequence[str], target_dir: str, max_harmful_accepted: float = 0
     x_in, y_in = _matrix(inner)
     x_dev, y_dev = _matrix(dev)
     scored = {}
-    for l2 in (1e-4, 1e-3, 1e-2, 1e-1):
+    for l2 in (1e-4, 1e-3, 1e-2, 1e-1, 1.0, 10.0):
         w, b = fit(x_in, y_in, l2)
         scored[l2] = auc(x_dev @ w + b, y_dev)
     l2 = max(scored, key=lambda k: (scored[k] if scored[k] == scored[k] else -1, k))
@@ -254,6 +272,7 @@ def train(paths: Sequence[str], target_dir: str, max_harmful_accepted: float = 0
     table = calibration(harm, y_held)
     safe = [c["threshold"] for c in table if c["harmful_accepted"] <= max_harmful_accepted and c["accepted"] > 0]
     report = {
+        "label": label,
         "mismatches": len(mined["rows"]),
         "harmful_share": round(sum(r["harmful"] for r in mined["rows"]) / len(mined["rows"]), 4),
         "train": len(fit_rows),
@@ -263,7 +282,8 @@ def train(paths: Sequence[str], target_dir: str, max_harmful_accepted: float = 0
         "held_out_auc": _rounded(auc(harm, y_held)),
     }
     recipe = {"mined": mined["commands"], **report,
-              "train": f"python -m parse_sglang.judge_head train ... --max-harmful-accepted {max_harmful_accepted}"}  # fmt: skip
+              "train": f"python -m parse_sglang.judge_head train ... --label {label} "
+                       f"--max-harmful-accepted {max_harmful_accepted}"}  # fmt: skip
     head = JudgeHead(identity, w, b, max(safe) if safe else 0.0, table, recipe)
     log(json.dumps(report))
     return head, report
@@ -274,9 +294,9 @@ def _rounded(value: float):
     return None if value != value else round(value, 4)
 
 
-def evaluate(head: JudgeHead, paths: Sequence[str]) -> dict:
-    """ROC AUC and the calibration table of `head` on the mismatches in `paths`."""
-    x, y = _matrix(read_shards(paths)["rows"])
+def evaluate(head: JudgeHead, paths: Sequence[str], label: str = "outcome") -> dict:
+    """ROC AUC and the calibration table of `head` on the mismatches in `paths` (`labelled`)."""
+    x, y = _matrix(labelled(read_shards(paths)["rows"], label))
     harm = torch.sigmoid(x @ head.weights + head.bias)
     return {"mismatches": len(y), "harmful_share": round(float(y.mean()), 4), "auc": _rounded(auc(harm, y)),
             "calibration": calibration(harm, y)}  # fmt: skip
@@ -456,9 +476,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     t.add_argument("--target", required=True, help="the target checkpoint directory (its config.json)")
     t.add_argument("--out", required=True)
     t.add_argument("--max-harmful-accepted", type=float, default=0.05)
+    t.add_argument("--label", choices=LABELS, default="outcome", help="what a harmful mismatch is (`labelled`)")
     e = sub.add_parser("eval", help="ROC AUC and false accepts of a head on mined shards")
     e.add_argument("head")
     e.add_argument("shards", nargs="+")
+    e.add_argument("--label", choices=LABELS, default="outcome")
     args = parser.parse_args(argv)
     if args.command == "mine":
         for flag in ("count", "max_new_tokens", "per_problem", "batch"):
@@ -469,13 +491,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         harmful = sum(r["harmful"] for r in shard["rows"])
         print(f"{args.out}: {len(shard['rows'])} mismatches ({harmful} harmful) in {shard['seconds']} s")
     elif args.command == "train":
-        head, _ = train(args.shards, args.target, args.max_harmful_accepted)
+        head, _ = train(args.shards, args.target, args.max_harmful_accepted, label=args.label)
         head.save(args.out)
         print(
             f"{args.out}: threshold {head.threshold}, sha256 {hashlib.sha256(Path(args.out).read_bytes()).hexdigest()}"
         )
     else:
-        print(json.dumps(evaluate(load(args.head), args.shards), indent=1))
+        print(json.dumps(evaluate(load(args.head), args.shards, args.label), indent=1))
     return 0
 
 

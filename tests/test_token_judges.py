@@ -198,3 +198,17 @@ def test_training_separates_a_planted_signal_and_calibrates_on_held_out_problems
     assert report["held_out_auc"] > 0.9 and head.threshold > 0
     _, control = judge_head.train([shard(True)], str(tmp_path), log=lambda _: None)
     assert abs(control["held_out_auc"] - 0.5) < 0.15
+
+
+def test_labels_outcome_or_correctness():
+    rows = [
+        {"harmful": 1, "correct_before": False, "correct_after": False},  # another wrong answer: costs nothing
+        {"harmful": 1, "correct_before": True, "correct_after": False},
+        {"harmful": 0, "correct_before": True, "correct_after": True},
+    ]
+    assert judge_head.labelled(rows, "outcome") == rows
+    assert [r["harmful"] for r in judge_head.labelled(rows, "correctness")] == [1, 0]
+    with pytest.raises(ValueError, match=r"label='vote' is invalid: allowed is one of \('outcome', 'correctness'\)"):
+        judge_head.labelled(rows, "vote")
+    with pytest.raises(ValueError, match="needs mined rows with correct_before"):
+        judge_head.labelled([{"harmful": 1}], "correctness")
