@@ -63,7 +63,7 @@ from parse_sglang.settings import ParseConfig  # noqa: E402
 PROBE_THRESHOLDS = (0.3, 0.5, 0.7, 0.9)
 LIKELIHOOD_THRESHOLDS = (0.05, 0.2, 0.5)
 DIVERGENCE_ENTROPIES = (0.5, 1.0, 2.0)  # θ, nats; W is ParseConfig's divergence_window
-HEAD_THRESHOLDS = (0.05, 0.1, 0.2)  # with --judge-head
+HEAD_THRESHOLDS = (0.1, 0.25, 0.4)  # with --judge-head
 KEYS = (
     "pair",
     "suite",

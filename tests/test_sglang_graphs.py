@@ -132,11 +132,11 @@ def test_graph_reservations_of_the_design_example():
     assert f"{r.total / MIB:.0f} MiB" in r.describe()
     lossless = reservations(probe_config(draft_budget=32, judge=False), suffix_len=0)  # one width: no probes
     assert lossless.verify_kv_indices == chain_indices
-    # Adaptive tiers 0/8/32: widths 1, 9+23, 9, 33 and 125; chains of 10 and 34 steps (tier 0 has
-    # none: its rounds skip the draft).
+    # Adaptive tiers 0/8/32: widths 1, 9 + 2 x 23 (Δ at most L / 2 = 4: two probes), 9, 33 and 125;
+    # chains of 10 and 34 steps (tier 0 has none: its rounds skip the draft).
     adaptive = reservations(probe_config(draft_budget=32, probe_stride=8, adaptive=True, adaptive_tiers=[0, 8]),
                             suffix_len=23)  # fmt: skip
-    assert adaptive.verify_kv_indices == 48 * (1 + 32 + 9 + 125 + 33) * 40960 * 4
+    assert adaptive.verify_kv_indices == 48 * (1 + 55 + 9 + 125 + 33) * 40960 * 4
     assert adaptive.draft_kv_indices == (10 + 34) * 48 * 40960 * 4
     # With an EAGLE-3 head of k = 3 reading 3 aux layers of hidden 4096 (bf16): its head-round verify
     # width 4, every width's aux buffer, and its chain's and extend's KV indices (2k + 1 rows)
