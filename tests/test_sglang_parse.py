@@ -510,16 +510,17 @@ def test_window_bound_holds_for_every_boundary_placement():
     """N_max must hold every window the worker builds: K never exceeds max_probes."""
     import random
 
-    from parse_sglang.boundaries import select_boundaries
+    from parse_sglang.boundaries import probe_stride, select_boundaries
     from parse_sglang.attention.window import WindowGeometry
 
     rng = random.Random(0)
     for _ in range(300):
         config = probe_config(draft_budget=rng.randint(1, 40), probe_stride=rng.randint(1, 10))
         texts = [rng.choice(["a", "b.", " c", "\n", "! ", "d"]) for _ in range(config.draft_budget)]
-        bounds = select_boundaries(texts, config.probe_stride, config.delimiters)
+        bounds = select_boundaries(texts, probe_stride(config.probe_stride, config.draft_budget), config.delimiters)
         assert len(bounds) <= WindowGeometry(config, 40).max_probes()
     geometry = WindowGeometry(probe_config(draft_budget=32, probe_stride=8), 40)
     assert geometry.max_probes() == 4 and geometry.max_rows == 193
-    assert geometry.rows(8, probes=True) == 1 + 8 + 1 * 40 and geometry.rows(8, probes=False) == 9
+    # at L = 8, Δ is at most 4: two probes
+    assert geometry.rows(8, probes=True) == 1 + 8 + 2 * 40 and geometry.rows(8, probes=False) == 9
     assert WindowGeometry(probe_config(draft_budget=32, judge=False), 40).max_rows == 33
