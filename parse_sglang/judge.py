@@ -291,18 +291,24 @@ def judge_window(window, chain_logits: torch.Tensor, probe_logits: torch.Tensor,
     (None: no head on this server)."""
     planned = window.on_device
     drafts = window.chain_tokens[:, 1:]
-    stats = chain_statistics(chain_logits, drafts)
-    matches = drafts == stats.top_tokens[:, :-1]
     probe_scores = None
     reach = torch.zeros_like(planned.draft_lens)
     if window.shape.num_probes:
         answers = score_from_answer_logits(probe_logits.index_select(-1, columns), probe)
         probe_scores = answers.gather(1, planned.probe_slots)
         reach = probe_reach(probe_scores, planned.thresholds, planned.boundaries)
+    if not window.any_token_judge:  # the probe alone: only the target's own tokens are read
+        top_tokens = chain_logits.argmax(dim=-1)
+        passed = judged_tokens(
+            drafts.shape[1], planned.judged, planned.probed, reach, torch.ones_like(drafts, dtype=torch.bool)
+        )
+        return Verdict(probe_scores, None, passed, top_tokens)
+    stats = chain_statistics(chain_logits, drafts)
     harm = None
     if head is not None and hidden is not None:
         harm = head.harm(hidden[:, 1:], stats.draft_probs.log(), stats.top_probs.log())
+    matches = drafts == stats.top_tokens[:, :-1]
     token_ok, scores = token_passes(stats, matches, planned.draft_lens, planned.token_modes, planned.token_thresholds,
                                     planned.token_windows, harm)  # fmt: skip
     passed = judged_tokens(drafts.shape[1], planned.judged, planned.probed, reach, token_ok)
-    return Verdict(probe_scores, scores if window.any_token_judge else None, passed, stats.top_tokens)
+    return Verdict(probe_scores, scores, passed, stats.top_tokens)

@@ -144,9 +144,8 @@ class ParseWorker(WorkerSetup, BaseSpecWorker):
             self.judge_head = dataclasses.replace(self.judge_head, weights=self.judge_head.weights.to(self.device))
         self.totals = ServerTotals()  # get_server_info()'s "parse" entry
         self.tp = TpSync.of_tp_group()  # rank 0's plan and decisions on every TP rank
-        self._verify_aux = (
-            None  # the last verify's captured hidden states: the EAGLE-3 head's aux, or the judge head's final
-        )
+        # The last verify's captured hidden states: the EAGLE-3 head's aux states, or the judge head's final ones.
+        self._verify_aux = None
         self._drafting = False  # the last round drafted (`_defers_draft`)
         logger.info(
             "PARSE worker: L=%d, probe_stride=%d, judge=%s, threshold=%.3f, probe suffix m=%d, N_max=%d, window=%s",
@@ -301,9 +300,8 @@ class ParseWorker(WorkerSetup, BaseSpecWorker):
     def _verify(self, batch: ScheduleBatch, committed: Committed, window: Window):
         """6. ONE target forward over every request's window (`verify_pass.target_verify`)."""
         req_to_token = self.req_to_token_pool.req_to_token
-        aux = (
-            self.head is not None or self.judge_head is not None
-        )  # the heads' input: hidden states of the window's rows
+        # The heads' input: the target's hidden states of the window's rows.
+        aux = self.head is not None or self.judge_head is not None
         chain, probes, graphed, aux = target_verify(
             self.target_worker, self.verify_graphs, req_to_token, batch, committed, window, aux
         )
