@@ -2,8 +2,9 @@
 arguments.
 
 Installed with the package as `parse_sglang_startup.pth` (regular and editable installs:
-setup.py), a line `import parse_sglang_startup; parse_sglang_startup.install()` that Python
-runs at start-up. `install()` puts one finder at the front of `sys.meta_path` and imports
+setup.py), a line Python runs at start-up that calls this module's `install()` where the module
+can be found, and does nothing where it cannot (an editable install whose checkout is gone).
+`install()` puts one finder at the front of `sys.meta_path` and imports
 nothing: the finder compares each new top-level import's name with one string and acts on
 that import only, then removes itself: right after `sglang.srt.server_args` executed, it calls
 `parse_sglang.plugin.register_early()`, i.e. PARSE in SGLang's speculative registry and the

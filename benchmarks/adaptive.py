@@ -143,7 +143,6 @@ sys.path.insert(0, str(HERE))  # gpu_serving
 sys.path.insert(0, str(HERE.parent))  # this checkout's parse_sglang and support
 
 import gpu_serving  # noqa: E402
-from parse_sglang.demo import DEFAULT_LIKELIHOOD_THRESHOLD  # noqa: E402
 from parse_sglang.settings import parse_engine_kwargs  # noqa: E402
 from parse_sglang.settings import ParseConfig  # noqa: E402
 from parse_sglang.settings import server_parse_config  # noqa: E402
@@ -647,7 +646,7 @@ def parse_args(argv=None):
     parser.add_argument(
         "--likelihood-threshold",
         type=float,
-        default=DEFAULT_LIKELIHOOD_THRESHOLD,
+        default=gpu_serving.LIKELIHOOD_THRESHOLD,
         help="λ of the likelihood judge (judged pairs)",
     )
     parser.add_argument("--cache-dir", help="cache root of built models")

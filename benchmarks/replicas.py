@@ -30,7 +30,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # gpu_serving
 sys.path.insert(0, str(HERE.parent))  # this checkout's parse_sglang and support
 import gpu_serving  # noqa: E402
-from parse_sglang.demo import DEFAULT_LIKELIHOOD_THRESHOLD, table  # noqa: E402
+from parse_sglang.demo import table  # noqa: E402
 from parse_sglang.settings import ParseConfig, parse_engine_kwargs  # noqa: E402
 
 LAYOUTS = {1: "0", 2: "0|1"}  # replicas -> the cores they are pinned to
@@ -43,7 +43,7 @@ def modes(draft: str, steps: int) -> dict[str, dict]:
     return {
         "target_only": {},
         "parse_lossless": parse(judge=False),
-        "parse_judged": parse(judge_mode="likelihood", likelihood_threshold=DEFAULT_LIKELIHOOD_THRESHOLD),
+        "parse_judged": parse(judge_mode="likelihood", likelihood_threshold=gpu_serving.LIKELIHOOD_THRESHOLD),
     }
 
 

@@ -5,6 +5,7 @@ row per judge setting, all in SGLang in one run.
                                   [--num-problems N] [--first K] [--modes MODE ...] [--dtype D]
                                   [--batch-size B] [--json] [--no-nll]
                                   [--target DIR --draft DIR --prompts FILE [--grader MODULE:FUNC]]
+                                  [--url http://HOST:PORT --prompts FILE [--grader MODULE:FUNC]]
                                   [--num-steps L] [--probe-stride D] [--max-new-tokens N] [--judge-head FILE]
                                   [--temperature T [--top-p P]] [--plot PNG] [--cache-dir DIR]
     python benchmarks/semantic.py --merge SHARD.jsonl ...
@@ -25,9 +26,10 @@ Per row: `accuracy` (share of graded answers correct; null where there is no gra
 matches), `verify_rows_per_round` (PARSE's window rows per round), `wall_s` (the row's batches),
 `output_ids`, `correct` and the raw totals (--json only: what `--merge` joins shards by), the
 paired comparison against parse_lossless on the same problems (`paired`: discordant counts b and
-c, McNemar's exact p, a one-sided 95% upper bound on the accuracy lost) and `target_nll` (the target's own mean negative log-likelihood per
-output token, with transformers: what a judge that accepts un-target-like text costs by the
-target's measure; --no-nll leaves it null, which on a 1.5B target saves most of the run).
+c, McNemar's exact p, a one-sided 95% upper bound on the accuracy lost from Newcombe's paired
+interval) and `target_nll` (the target's own mean negative log-likelihood per output token, with
+transformers: what a judge that accepts un-target-like text costs by the target's measure;
+--no-nll leaves it null, which on a 1.5B target saves most of the run).
 
 --pair synthetic (default): held-out problems of the synthetic trained pair
 (support.synthetic, a stand-in that makes the judge measurable offline, NOT evidence about
@@ -37,8 +39,12 @@ with Qwen2.5-Coder-0.5B-Instruct as its draft (`parse_sglang.models`, fetched wh
 HumanEval problems --first K .. K+N-1 (`--suite humaneval`, support/problems.py: each answer's
 code run against the problem's tests in its own process), or GSM-symbolic problems (`--suite gsm`:
 reasoning-gym's generators from GSM8K's test set, graded by the answer's last number). Your own pair: --target/--draft/--prompts
-FILE (a JSON list of strings, or one prompt per line, chat template applied) and optionally
---grader MODULE:FUNC, called as FUNC(prompt, output_text) -> bool.
+FILE and optionally --grader MODULE:FUNC (`parse_sglang.tools.prompts`: a JSON list of problems,
+FUNC(problem, output_text) -> bool, or (outcome, bool)). Your own running server: --url and
+--prompts [--grader]: a PARSE server launched with the judge on at a fixed L, e.g. --parse-config
+'{"judge": true, "judge_mode": "probe", "adaptive": false}' (and its judge_head, given here too as
+--judge-head), serves the rows a request picks (parse_lossless and the judged rows) over HTTP, the
+paired comparison among them; no engine is started and no CPU runtime is needed here.
 The plot (matplotlib) is accuracy with its interval (target-only's drawn as a band), or target NLL
 where ungraded, against tokens per forward.
 """
@@ -47,9 +53,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib
 import json
 import math
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -92,7 +98,7 @@ class Workload:
 
     target: str
     draft: str
-    prompts: list[str]
+    prompts: list  # the problems (`parse_sglang.tools.prompts`)
     prompt_ids: list[list[int]]
     grader: Callable[[int, str], bool] | None  # (prompt index, output text) -> correct
     pair: str = "user"
@@ -135,26 +141,17 @@ def qwen_workload(suite: str, num_problems: int, first: int, dtype: str, cache_d
     return Workload(str(target), str(draft), questions, ids, grade, "qwen2.5-coder", suite)
 
 
-def user_workload(target: str, draft: str, prompts: list[str], grader: str | None) -> Workload:
+def user_workload(target: str, draft: str, problems: list, grader: str | None) -> Workload:
+    """`problems` (`parse_sglang.tools.prompts`) on the target's tokenizer, graded by `grader`."""
     from transformers import AutoTokenizer
 
-    func = None
-    if grader:
-        module, _, name = grader.partition(":")
-        func = getattr(importlib.import_module(module), name)
-    ids = chat_prompt_ids(AutoTokenizer.from_pretrained(target), prompts)
-    return Workload(target, draft, prompts, ids, None if func is None else lambda i, text: bool(func(prompts[i], text)))
+    from parse_sglang.tools.prompts import load_grader, prompt_ids
 
-
-def read_prompts(path: str) -> list[str]:
-    text = Path(path).read_text()
-    try:
-        prompts = json.loads(text)
-    except ValueError:
-        prompts = [line for line in text.splitlines() if line.strip()]
-    if not isinstance(prompts, list) or not prompts or not all(isinstance(p, str) for p in prompts):
-        raise ValueError(f"--prompts {path}: allowed is a JSON list of strings or one prompt per line")
-    return prompts
+    grade = load_grader(grader) if grader else None
+    ids = prompt_ids(problems, AutoTokenizer.from_pretrained(target))
+    return Workload(
+        target, draft, problems, ids, None if grade is None else lambda i, text: grade(problems[i], text)[1]
+    )
 
 
 def parse_rows(head: bool = True) -> list[tuple[str, float | None, dict]]:
@@ -232,25 +229,45 @@ def binomial_tail(k: int, n: int, p: float) -> float:
     return sum(math.comb(n, i) * p**i * (1 - p) ** (n - i) for i in range(k, n + 1))
 
 
+def paired_difference_interval(e: int, f: int, g: int, h: int, level: float = 0.95) -> tuple[float, float]:
+    """Newcombe's hybrid score interval (Stat Med 1998;17:2635, his method 10) at two-sided `level`
+    for p1 - p2 on n = e + f + g + h pairs: e both succeed, f only the first, g only the second, h
+    neither: the Wilson intervals of p1 = (e + f) / n and p2 = (e + g) / n squared and added,
+    corrected by the table's phi coefficient (continuity-corrected; 0 where a margin is 0)."""
+    from support.problems import wilson
+
+    if min(e, f, g, h) < 0 or e + f + g + h == 0 or not 0 < level < 1:
+        allowed = "allowed are counts >= 0, at least one pair, and 0 < level < 1"
+        raise ValueError(f"paired counts e={e} f={f} g={g} h={h}, level={level}: {allowed}")
+    n = e + f + g + h
+    z = statistics.NormalDist().inv_cdf((1 + level) / 2)
+    p1, p2 = (e + f) / n, (e + g) / n
+    (l1, u1), (l2, u2) = wilson(e + f, n, z), wilson(e + g, n, z)
+    margins = (e + f) * (g + h) * (e + g) * (f + h)
+    cross = e * h - f * g
+    corrected = cross - n / 2 if cross > n / 2 else min(cross, 0)
+    phi = corrected / math.sqrt(margins) if margins else 0.0
+    low = p1 - p2 - math.sqrt((p1 - l1) ** 2 - 2 * phi * (p1 - l1) * (u2 - p2) + (u2 - p2) ** 2)
+    high = p1 - p2 + math.sqrt((p2 - l2) ** 2 - 2 * phi * (p2 - l2) * (u1 - p1) + (u1 - p1) ** 2)
+    return low, high
+
+
 def paired(rows: list[dict], against: str = "parse_lossless") -> None:
     """Each graded row against the `against` row on the same problems: b (it right, this row wrong),
-    c (the reverse), McNemar's exact two-sided p, and a one-sided 95% upper bound on the accuracy
-    lost, (b - c) / n: given the b + c discordant problems, b's share π has the Clopper-Pearson
-    upper bound π_U (P(X <= b | π_U) = 0.05), and the loss is at most (b + c)(2 π_U - 1) / n."""
+    c (the reverse), McNemar's exact two-sided p, and `loss_upper95`, a one-sided 95% upper bound on
+    the accuracy lost (its accuracy minus this row's): the upper end of Newcombe's two-sided 90%
+    hybrid score interval for paired proportions (`paired_difference_interval`)."""
     base = next((r for r in rows if r["mode"] == against and r["correct"] is not None), None)
     for row in rows:
         row.update(paired_b=None, paired_c=None, mcnemar_p=None, loss_upper95=None)
         if base is None or row["correct"] is None or len(row["correct"]) != len(base["correct"]):
             continue
-        b = sum(x and not y for x, y in zip(base["correct"], row["correct"]))
-        c = sum(y and not x for x, y in zip(base["correct"], row["correct"]))
-        n, d = len(row["correct"]), b + c
-        p = min(1.0, 2 * binomial_tail(max(b, c), d, 0.5)) if d else 1.0
-        low, high = 0.0, 1.0  # π_U by bisection: 1 - P(X >= b + 1 | π) = 0.05
-        for _ in range(60):
-            mid = (low + high) / 2
-            low, high = (mid, high) if 1 - binomial_tail(b + 1, d, mid) > 0.05 else (low, mid)
-        row.update(paired_b=b, paired_c=c, mcnemar_p=p, loss_upper95=d * (2 * high - 1) / n if d else 0.0)
+        pairs = list(zip(base["correct"], row["correct"]))
+        e, b = sum(x and y for x, y in pairs), sum(x and not y for x, y in pairs)
+        c, h = sum(y and not x for x, y in pairs), sum(not (x or y) for x, y in pairs)
+        p = min(1.0, 2 * binomial_tail(max(b, c), b + c, 0.5)) if b + c else 1.0
+        loss_upper95 = paired_difference_interval(e, b, c, h, level=0.90)[1]
+        row.update(paired_b=b, paired_c=c, mcnemar_p=p, loss_upper95=loss_upper95)
 
 
 def merge(paths: Sequence[str]) -> list[dict]:
@@ -272,6 +289,39 @@ def merge(paths: Sequence[str]) -> list[dict]:
                 None if into["correct"] is None or row["correct"] is None else into["correct"] + row["correct"]
             )
     rows = [derive(row) for row in joined.values()]
+    paired(rows)
+    return rows
+
+
+def per_request_rows(head: bool, sampling: dict) -> list[tuple[str, float | None, dict]]:
+    """(mode, threshold, sampling params) of the rows one PARSE server serves by per-request settings."""
+    return [(mode, t, {**sampling, "custom_params": {"parse": settings}}) for mode, t, settings in parse_rows(head)]
+
+
+def wanted(mode: str, threshold, modes: Sequence[str] | None, thresholds: Sequence[float] | None) -> bool:
+    """Whether a row is run: its mode among `modes` and, judged, its threshold among `thresholds`."""
+    return (modes is None or mode in modes) and (thresholds is None or threshold is None or threshold in thresholds)
+
+
+def run_server_rows(url: str, work: Workload, head: bool, max_new_tokens: int, progress=None, temperature: float = 0.0,
+                    top_p: float = 1.0, modes: Sequence[str] | None = None, batch_size: int | None = None,
+                    thresholds: Sequence[float] | None = None) -> list[dict]:  # fmt: skip
+    """The rows a running PARSE server at `url` serves by per-request settings (parse_lossless and
+    the judged rows, the head's with `head`), one after another, over HTTP."""
+    from parse_sglang.tools.backends import HttpServer
+
+    server = HttpServer(url)
+    dtype = server.get_server_info().get("dtype")
+    sampling = {"temperature": temperature, "top_p": top_p, "max_new_tokens": max_new_tokens}
+    server.generate(input_ids=work.prompt_ids[0], sampling_params={**sampling, "max_new_tokens": 4})
+    rows = []
+    for mode, threshold, params in per_request_rows(head, sampling):
+        if wanted(mode, threshold, modes, thresholds):
+            rows.append(
+                {**summarize(mode, threshold, work, *run_batch(server, work, params, batch_size)), "dtype": dtype}
+            )
+            if progress is not None:
+                progress.update(1)
     paired(rows)
     return rows
 
@@ -306,10 +356,7 @@ def run_rows(work: Workload, config: ParseConfig, max_new_tokens: int, progress=
         (
             "parse",
             {**base, **parse_engine_kwargs(work.draft, config)},
-            [
-                (mode, t, {**sampling, "custom_params": {"parse": settings}})
-                for mode, t, settings in parse_rows(bool(config.judge_head))
-            ],  # fmt: skip
+            per_request_rows(bool(config.judge_head), sampling),
         ),
         (
             "parse_adaptive",
@@ -324,8 +371,7 @@ def run_rows(work: Workload, config: ParseConfig, max_new_tokens: int, progress=
     ]
     rows = []
     for _, kwargs, batches in plan:
-        batches = [batch for batch in batches if (modes is None or batch[0] in modes)
-                   and (thresholds is None or batch[1] is None or batch[1] in thresholds)]  # fmt: skip
+        batches = [batch for batch in batches if wanted(batch[0], batch[1], modes, thresholds)]
         if not batches:
             continue
         engine = sglang.Engine(**kwargs)
@@ -418,8 +464,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--batch-size", type=int, help="prompts per generate call (default: all at once)")
     parser.add_argument("--target")
     parser.add_argument("--draft")
-    parser.add_argument("--prompts", help="JSON list of prompts, or one per line (with --target/--draft)")
-    parser.add_argument("--grader", help="MODULE:FUNC, FUNC(prompt, output_text) -> bool")
+    parser.add_argument("--prompts", help="JSON list of problems (with --target/--draft or --url)")
+    parser.add_argument("--grader", help="MODULE:FUNC, FUNC(problem, output_text) -> bool | (outcome, bool)")
+    parser.add_argument("--url", help="a running PARSE server (judge on, fixed L): its per-request rows over HTTP")
     parser.add_argument("--num-steps", type=int, default=32, help="draft tokens per round (L), PARSE and STANDALONE")
     parser.add_argument("--probe-stride", type=int, default=8)
     parser.add_argument("--max-new-tokens", type=int, default=96)
@@ -437,7 +484,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         rows = merge(args.merge)
         print(table(KEYS, [[fmt(row.get(key)) for key in KEYS] for row in rows]))
         return 0
-    if (args.target is None) != (args.draft is None) or (args.target is not None) != (args.prompts is not None):
+    if args.url is not None:
+        served = {mode for mode, _, _ in parse_rows()}
+        if args.target is not None or args.draft is not None or args.prompts is None:
+            parser.error("--url goes with --prompts (and --grader), not --target / --draft: the server has its models")
+        if args.modes and not set(args.modes) <= served:
+            parser.error(
+                f"--modes {' '.join(args.modes)} is invalid with --url: allowed are {' '.join(sorted(served))}"
+            )
+    elif (args.target is None) != (args.draft is None) or (args.target is not None) != (args.prompts is not None):
         parser.error("--target, --draft and --prompts go together")
     for flag in ("num_problems", "max_new_tokens", "batch_size"):
         if getattr(args, flag) is not None and getattr(args, flag) < 1:
@@ -453,13 +508,23 @@ def main(argv: Sequence[str] | None = None) -> int:
                              judge_mode="probe", judge_head=args.judge_head)  # fmt: skip
     except ValueError as err:  # draft_budget is --num-steps, probe_stride --probe-stride
         parser.error(f"--num-steps / --probe-stride: {err}")
-    import sglang_cpu
     import torch
 
-    if not torch.cuda.is_available():
-        sglang_cpu.enable()
-    if args.target:
-        name, work = "user", user_workload(args.target, args.draft, read_prompts(args.prompts), args.grader)
+    from parse_sglang import cpu_engine_settings
+    from parse_sglang.tools.backends import HttpServer
+    from parse_sglang.tools.prompts import read_problems
+
+    try:
+        if args.url is None and not torch.cuda.is_available():
+            cpu_engine_settings()  # the CPU runtime on, before SGLang is imported
+        problems = read_problems(args.prompts) if args.prompts else None
+    except (RuntimeError, ValueError) as err:
+        parser.error(str(err))
+    if args.url:
+        target = HttpServer(args.url).get_server_info()["model_path"]
+        name, work = "server", user_workload(target, "", problems, args.grader)
+    elif args.target:
+        name, work = "user", user_workload(args.target, args.draft, problems, args.grader)
     elif args.pair == "qwen2.5-coder":
         name = "qwen2.5-coder"
         work = qwen_workload(args.suite, args.num_problems, args.first, args.dtype or "float32", args.cache_dir)
@@ -472,13 +537,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         name, work = "synthetic", synthetic_workload(args.num_problems, args.cache_dir)
     from tqdm import tqdm
 
-    modes = args.modes or MODES
-    total = sum(m in modes for m in ("target_only", "standalone", "parse_adaptive", "parse_default_judge"))
-    total += sum(m in modes and (args.thresholds is None or t is None or t in args.thresholds)
-                 for m, t, _ in parse_rows(bool(args.judge_head)))  # fmt: skip
+    total = sum(wanted(m, t, args.modes, args.thresholds) for m, t, _ in parse_rows(bool(args.judge_head)))
+    if not args.url:  # the rows of engines of their own
+        total += sum(wanted(m, None, args.modes, None) for m in ("target_only", "standalone", "parse_adaptive",
+                                                                  "parse_default_judge"))  # fmt: skip
     with tqdm(total=total, desc="rows", file=sys.stderr) as progress:
-        rows = run_rows(work, config, args.max_new_tokens, progress, args.temperature, args.top_p, args.modes,
-                        args.dtype, args.batch_size, args.thresholds)  # fmt: skip
+        if args.url:
+            rows = run_server_rows(args.url, work, bool(args.judge_head), args.max_new_tokens, progress,
+                                   args.temperature, args.top_p, args.modes, args.batch_size, args.thresholds)  # fmt: skip
+        else:
+            rows = run_rows(work, config, args.max_new_tokens, progress, args.temperature, args.top_p, args.modes,
+                            args.dtype, args.batch_size, args.thresholds)  # fmt: skip
     if args.no_nll:
         for row in rows:
             row["target_nll"] = None

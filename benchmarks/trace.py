@@ -32,7 +32,7 @@ from types import SimpleNamespace
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from parse_sglang.judge_head import engine, teacher_top1  # noqa: E402
+from parse_sglang.tools.backends import connect, teacher_top1  # noqa: E402
 
 PAIRS = ("synthetic", "useless", "smollm2", "qwen-gsm", "qwen-humaneval")
 HERE = Path(__file__).resolve().parent
@@ -60,28 +60,28 @@ def load(name: str, first: int, count: int, cache_dir=None):
     return str(target), str(draft), "bfloat16", chat_prompt_ids(AutoTokenizer.from_pretrained(target), texts)
 
 
+def engine_args(model: str, dtype: str, batch: int, context: int) -> dict:
+    """`sglang.Engine` arguments for one model of the pair: `batch` requests of `context` tokens."""
+    return {"model_path": model, "dtype": dtype, "max_running_requests": batch, "context_length": context,
+            "mem_fraction_static": 0.5, "max_total_tokens": max(8192, batch * context)}  # fmt: skip
+
+
 def record(name: str, first: int, count: int, max_new: int, batch: int, cache_dir=None, log=print) -> dict:
     target, draft, dtype, prompts = load(name, first, count, cache_dir)
     context = -(-(max(map(len, prompts)) + max_new + 64) // 256) * 256
     params = {"max_new_tokens": max_new, "temperature": 0}
     start = time.perf_counter()
-    eng = engine(target, dtype, batch, context)
-    try:
+    with connect(None, engine_args(target, dtype, batch, context)) as model:
         outs = []
         for i in range(0, len(prompts), batch):
-            outs += eng.generate(
+            outs += model.client.generate(
                 input_ids=prompts[i : i + batch], sampling_params=[params] * len(prompts[i : i + batch])
             )
             log(f"trace {name}: target answered {len(outs)}/{len(prompts)} ({time.perf_counter() - start:.0f} s)")
         outputs = [o["output_ids"] for o in outs]
-        own, _ = teacher_top1(eng, prompts, outputs)
-    finally:
-        eng.shutdown()
-    eng = engine(draft, dtype, batch, context)
-    try:
-        drafted, prefill_per_token = teacher_top1(eng, prompts, outputs)
-    finally:
-        eng.shutdown()
+        own, _ = teacher_top1(model.client, prompts, outputs)
+    with connect(None, engine_args(draft, dtype, batch, context)) as model:
+        drafted, prefill_per_token = teacher_top1(model.client, prompts, outputs)
     log(f"trace {name}: draft read {len(prompts)} outputs ({time.perf_counter() - start:.0f} s)")
     same = sum(t == o for (tokens, _), out in zip(own, outputs) for t, o in zip(tokens, out))
     requests = []

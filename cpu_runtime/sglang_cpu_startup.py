@@ -1,7 +1,8 @@
 """The CPU runtime's start-up hook: `SGLANG_USE_CPU_ENGINE=1 python -m sglang.launch_server ...`
 (or any SGLang tool) runs on a CPU-only machine as it is.
 
-Installed as `sglang_cpu_startup.pth` (setup.py), a line Python runs at start-up. Only where
+Installed as `sglang_cpu_startup.pth` (setup.py), a line Python runs at start-up (silent where
+this module cannot be found: an editable install whose checkout is gone). Only where
 `SGLANG_USE_CPU_ENGINE=1` (SGLang's own switch for its CPU engine) it puts a finder first on
 `sys.meta_path` that imports nothing until `sglang` is imported; then, before the package
 executes, it leaves and calls `sglang_cpu.enable()` (the torch stand-ins for `sgl_kernel` and

@@ -35,6 +35,7 @@ import torch
 from parse_sglang.acceptance import emitted_tokens
 from parse_sglang.draft_length import DraftLengthPolicy
 from parse_sglang.request_state import state_of
+from parse_sglang.retrieval import CopyKeep, window_length
 from parse_sglang.target_phase import phase_room
 
 logger = logging.getLogger(__name__)
@@ -217,7 +218,7 @@ class CostTable:
         except (OSError, ValueError) as err:
             raise ValueError(
                 f"cost_table={path!r} is invalid ({type(err).__name__}: {err}): allowed is the JSON file "
-                "`python -m parse_sglang.profile_cost` writes"
+                "`python -m parse_sglang.tools.profile_cost` writes"
             ) from None
         return cls.from_json(raw, f"cost_table={path!r}")
 
@@ -234,7 +235,7 @@ class CostTable:
         except (ValueError, KeyError, TypeError, AttributeError) as err:
             raise ValueError(
                 f"{origin} is invalid ({type(err).__name__}: {err}): allowed is the JSON file "
-                "`python -m parse_sglang.profile_cost` writes"
+                "`python -m parse_sglang.tools.profile_cost` writes"
             ) from None
         if not table.draft or not table.rest:
             raise ValueError(f"{origin} is invalid: it holds no measured cells")
@@ -432,6 +433,9 @@ class AdaptiveDraftLength(DraftLengthPolicy):
         self.head_steps = head_steps  # k of an EAGLE-3 head (the tier HEAD); None: no head
         self.head_pooled = PooledAcceptance(longest=head_steps or 0)  # the head's pooled curve
         self.calibration = Calibration()  # P(kept | the draft's confidence), every request's rounds
+        self.copy_keep = CopyKeep()  # P(kept | a copy's match length), every request's copies (`retrieval`)
+        self.copying = ()  # [bs] this round's requests that verify their copy (`choose`)
+        self._copies = None  # this round's `retrieval.Copy` per request
         self.ends = OutputEnds()  # where the outputs of finished requests ended
         self._since = {DRAFTING: 0.0, HEAD: 0.0}  # seconds of rounds (priced) since each kind last ran
         self._backoff = {DRAFTING: 1, HEAD: 1}  # each kind's probes in a row that did not pay, as a factor
@@ -469,12 +473,14 @@ class AdaptiveDraftLength(DraftLengthPolicy):
             state.head_acceptance = Acceptance()
         return state.head_acceptance
 
-    def choose(self, reqs, policies, rows_of, steps: int = 1) -> int:
+    def choose(self, reqs, policies, rows_of, steps: int = 1, copies=None) -> int:
         """The tier of this round (HEAD: a head round): reqs and their `RequestPolicy`s;
         rows_of(tier) -> the verify rows of the batch at a drafting tier; steps: the decode steps
-        a tier-0 round of it would run."""
+        a tier-0 round of it would run; copies: each request's `retrieval.Copy` or None (None: no
+        retrieval). Sets `copying`: the requests whose copy the round verifies."""
         self._clock = {"start": self.clock()}
-        self._policies, self._probe = policies, None
+        self._policies, self._probe, self._copies = policies, None, copies
+        self.copying = ()
         going = self.ends.going([p.output_len for p in policies], max(self.tiers[-1], self.head_steps or 0, steps))
         self._tier = self._best_tier(reqs, policies, rows_of, steps, going)
         return self._tier
@@ -503,25 +509,43 @@ class AdaptiveDraftLength(DraftLengthPolicy):
         """Verify rows per request at a tier: a head round's are its k + 1 chain rows."""
         return self.head_steps + 1 if tier == HEAD else rows_of(tier)
 
-    def _expected_tokens(self, tier: int, reqs, policies, steps: int, going: Optional[torch.Tensor]) -> float:
-        """Tokens the batch emits in a round at `tier` (a tier-0 round's `steps` decode steps), by
-        each request's acceptance curve, its drafts capped at what it can keep (`reach`); going
+    def _expected_tokens(self, tier: int, reqs, policies, steps: int, going: Optional[torch.Tensor]) -> torch.Tensor:
+        """[bs] tokens each request emits in a round at `tier` (a tier-0 round's `steps` decode
+        steps), by its acceptance curve, its drafts capped at what it can keep (`reach`); going
         [bs, >= the round's tokens]: the chance that each token of the round is one the request's
         output still reaches (`OutputEnds.going`; None: every one)."""
         if tier == 0:
-            counts = [steps if p.left is None else min(steps, p.left) for p in policies]
-            if going is None:
-                return sum(counts)
-            return float((going[:, :steps] * (torch.arange(steps) < torch.tensor(counts)[:, None])).sum())
+            counts = torch.tensor([steps if p.left is None else min(steps, p.left) for p in policies])
+            ones = torch.ones(len(policies), steps, dtype=torch.float64) if going is None else going[:, :steps]
+            return (ones * (torch.arange(steps) < counts[:, None])).sum(dim=1)
         curve, pooled, k = (
             (self.head_acceptance, self.head_pooled, self.head_steps)
             if tier == HEAD
             else (self.acceptance, self.pooled, tier)
         )
-        if going is None:
-            return sum(1 + curve(req).expected(reach(p, k), pooled) for req, p in zip(reqs, policies))
         alive = torch.tensor([curve(req).alive(pooled)[: k + 1] for req in reqs], dtype=torch.float64)  # [bs, k + 1]
         return _emitted(alive, policies, k, going)
+
+    def _copy_tokens(self, policies, copies, going: Optional[torch.Tensor]) -> torch.Tensor:
+        """[bs] tokens each request emits in a round that verifies its copy (`retrieval.Copy`; its
+        bonus alone where it has none), by the copies' keep rate at their match length."""
+        k = max(len(c.tokens) if c else 0 for c in copies)
+        alive = torch.zeros(len(copies), k + 1, dtype=torch.float64)
+        alive[:, 0] = 1.0
+        for i, c in enumerate(copies):
+            if c:
+                alive[i, : len(c.tokens) + 1] = torch.tensor(self.copy_keep.alive(c.match, len(c.tokens)))
+        return _emitted(alive, policies, k, going)
+
+    def _with_copies(self, tier: int, drafted: torch.Tensor, copied: torch.Tensor, copies, bs: int, rows_of, catch_up):
+        """(tokens, seconds, copying) of a round drafting `tier` (0: no draft model) in which each
+        request verifies its copy where that emits more (`drafted`, `copied`: [bs] expected tokens)."""
+        copying = (copied > drafted).tolist()
+        width = window_length(self.tiers, tier, copies, copying)
+        cost = self.costs.cost(bs, tier, rows_of(width))
+        if cost is None or cost <= 0:
+            return None
+        return float(torch.maximum(drafted, copied).sum()), cost + (catch_up if tier > 0 else 0.0), copying
 
     def _best_tier(self, reqs, policies, rows_of, steps: int, going: Optional[torch.Tensor]) -> int:
         bs = len(reqs)
@@ -529,16 +553,29 @@ class AdaptiveDraftLength(DraftLengthPolicy):
             first = next((t for t in self.tiers if t > 0), self.tiers[0])
             return first if first not in self.costs.measured_tiers(bs) else self.tiers[0]
         catch_up = self._catch_up_seconds(sum(state_of(req).draft_behind for req in reqs))
-        tokens, seconds = {}, {}
+        per_request, tokens, seconds = {}, {}, {}
         for tier in self.tiers + ([HEAD] if self.head_steps else []):
             cost = self.costs.cost(bs, tier, self._rows(tier, rows_of), steps if tier == 0 else 1)
             if cost is not None and cost > 0:
-                tokens[tier] = self._expected_tokens(tier, reqs, policies, steps, going)
+                per_request[tier] = self._expected_tokens(tier, reqs, policies, steps, going)
+                tokens[tier] = float(per_request[tier].sum())
                 seconds[tier] = cost + (catch_up if tier > 0 else 0.0)
         if not tokens:
             return self.tiers[0]
         rate = {t: tokens[t] / seconds[t] for t in tokens}
         best = max(rate, key=lambda t: (rate[t], -t))  # ties: the shorter tier
+        if self._copies is not None and any(self._copies):  # each drafting tier (and none) with copies
+            copied = self._copy_tokens(policies, self._copies, going)
+            one_pass = self._expected_tokens(0, reqs, policies, 1, going)  # a round of copies alone: one verify
+            best_rate, copy_tier, copying = rate[best], None, ()
+            for tier in [0] + [t for t in self.tiers if t > 0 and t in per_request]:
+                drafted = per_request[tier] if tier else one_pass
+                option = self._with_copies(tier, drafted, copied, self._copies, bs, rows_of, catch_up)
+                if option is not None and any(option[2]) and option[0] / option[1] > best_rate:
+                    best_rate, copy_tier, copying = option[0] / option[1], tier, option[2]
+            if copy_tier is not None:
+                self.copying = copying
+                return copy_tier
         return best if best > 0 else self._explore(best, rate, tokens, seconds)
 
     def _explore(self, best: int, rate: dict, tokens: dict, seconds: dict) -> int:
@@ -611,6 +648,11 @@ class AdaptiveDraftLength(DraftLengthPolicy):
         price = self.costs.cost(len(reqs), tier, rows, steps)  # (priced: a busy machine's spike counts as usual)
         for kind in self._since:
             self._since[kind] += price if price is not None else (draft_s or 0.0) + rest_s
+        copying = list(self.copying) or [False] * len(reqs)
+        if any(copying):
+            for copy, used, drafted, accepted in zip(self._copies, copying, plan.draft_lens.tolist(), result.lengths):
+                if used:
+                    self.copy_keep.observe(copy.match, drafted, accepted)
         if tier == 0:
             return
         kind = HEAD if tier == HEAD else DRAFTING
@@ -621,24 +663,24 @@ class AdaptiveDraftLength(DraftLengthPolicy):
         else:
             self._backoff[kind] = 1
         curve, pooled = (self.head_acceptance, self.head_pooled) if tier == HEAD else (self.acceptance, self.pooled)
-        for req, drafted, accepted in zip(reqs, plan.draft_lens.tolist(), result.lengths):
-            if drafted:
+        for req, drafted, accepted, used in zip(reqs, plan.draft_lens.tolist(), result.lengths, copying):
+            if drafted and not used:
                 own = curve(req)
                 pooled.observe(drafted, accepted, own.prior_weight / PRIOR_WEIGHT)  # (its weight before this round)
                 own.observe(drafted, accepted)
         if tier != HEAD:
-            exact = ~plan.judged  # what exact match keeps (what the verify's cut predicts): unjudged rounds
+            exact = ~plan.judged & ~torch.tensor(copying, dtype=torch.bool)  # the draft's own, unjudged rounds
             self.calibration.observe(
                 plan.confidence[exact], plan.draft_lens[exact], torch.tensor(result.lengths)[exact]
             )
 
 
-def _emitted(alive: torch.Tensor, policies, k: int, going: Optional[torch.Tensor]) -> float:
-    """Tokens a batch emits in a round of k draft tokens a request: alive [bs, k + 1], the chance
-    that each of a request's round tokens (its bonus first) is emitted if reached, within what it
-    can keep (`reach`), each weighed by `going` [bs, >= k + 1] (None: every one)."""
+def _emitted(alive: torch.Tensor, policies, k: int, going: Optional[torch.Tensor]) -> torch.Tensor:
+    """[bs] tokens each request emits in a round of k draft tokens a request: alive [bs, k + 1],
+    the chance that each of a request's round tokens (its bonus first) is emitted if reached,
+    within what it can keep (`reach`), each weighed by `going` [bs, >= k + 1] (None: every one)."""
     reached = torch.arange(k + 1) <= torch.tensor([reach(p, k) for p in policies])[:, None]  # [bs, k + 1]
-    return float((alive * reached * (1.0 if going is None else going[:, : k + 1])).sum())
+    return (alive * reached * (1.0 if going is None else going[:, : k + 1])).sum(dim=1)
 
 
 def reach(policy, tier: int) -> int:

@@ -9,7 +9,7 @@ Per request, a plain dict of ints, `meta_info["parse"]`:
 
     {"rounds": int, "draft_length": int, "draft_tokens": int,
      "accepted_exact": int, "accepted_judged": int, "judge_probes": int,
-     "head_rounds": int, "head_accepted": int}
+     "head_rounds": int, "head_accepted": int, "copy_rounds": int, "copy_accepted": int}
 
 `rounds`: the request's rounds (each one target verify forward; an adaptive server's tier-0
 round of k plain decode steps counts as k rounds of L = 0); `draft_length`: the sum of its
@@ -20,14 +20,16 @@ the target's own next tokens confirmed; `accepted_judged`: draft tokens accepted
 exact-match prefix because the judge said yes; `judge_probes`: the judge probes its rounds asked
 (a round's real probes; the padding probes that keep one window width across a batch are not
 counted); `head_rounds`: its rounds drafted by an EAGLE-3 head (`eagle3_head`), `head_accepted`:
-the head's draft tokens they kept (counted in `accepted_exact` too). With `custom_params={"parse": {"return_probe_scores": true}}`
+the head's draft tokens they kept (counted in `accepted_exact` too); `copy_rounds`: its rounds
+that verified its retrieved copy in place of a draft (`retrieval`), `copy_accepted`: the copied
+tokens they kept (counted in `accepted_exact` / `accepted_judged` too). With `custom_params={"parse": {"return_probe_scores": true}}`
 the dict also holds `"probe_scores"`: one entry per round, `{"length": L, "draft": [ids],
-"confidence": [c], "accepted": a, "exact": e, "probes": [[b, p], ...], "tokens": [s, ...]}` - the
-round's L, the draft tokens the round verified and the draft's top-1 probability at each, how
+"confidence": [c], "accepted": a, "exact": e, "probes": [[b, p], ...], "tokens": [s, ...],
+"copied": bool}` - the round's L, the draft tokens the round verified and the draft's top-1 probability at each, how
 many of them it accepted (e of them by exact match), every real probe's boundary b and judge
 score p (no probes: judge off for that round), and where a token judge ran, the score it read at
 each draft token s (likelihood: the target's probability of it; divergence: the target's entropy
-there; head: P(harmful)).
+there; head: P(harmful)), and whether the draft was the request's retrieved copy (its confidences 1).
 
 Per server, `ServerTotals.summary()`, counted since startup:
 
@@ -39,7 +41,7 @@ Per server, `ServerTotals.summary()`, counted since startup:
      "draft_length": int,        # the draft lengths L of the request-rounds, summed
      "verify_rows": int,         # window rows the verify passes ran (each request's N = 1 + L + K*m)
      "draft_tokens": int, "accepted_exact": int, "accepted_judged": int, "judge_probes": int,
-     "head_rounds": int, "head_accepted": int,
+     "head_rounds": int, "head_accepted": int, "copy_rounds": int, "copy_accepted": int,
      "emitted_tokens": int,      # accepted drafts + one bonus token per request-round
      "tokens_per_round": float,  # = SGLang's avg_spec_accept_length over the same rounds
      "tokens_per_verify_pass": float, "draft_tokens_per_round": float,
@@ -68,7 +70,7 @@ from parse_sglang.settings import RETURN_PROBE_SCORES
 
 STATS_KEY = "parse"
 COUNTERS = ("rounds", "draft_length", "draft_tokens", "accepted_exact", "accepted_judged", "judge_probes", "head_rounds",
-            "head_accepted")  # fmt: skip
+            "head_accepted", "copy_rounds", "copy_accepted")  # fmt: skip
 PROBE_SCORES = "probe_scores"
 
 
@@ -82,9 +84,10 @@ def record_round(
     probe_round: Optional[dict],
     rounds: int = 1,
     head: bool = False,
+    copied: bool = False,
 ) -> bool:
     """Count `rounds` identical rounds of `req` (more than one: a tier-0 round's decode steps)
-    and publish its counters; returns True on its first round.
+    and publish its counters; returns True on its first round. copied: the round verified its copy.
 
     probe_round: the round's `probe_scores` entry, for requests that asked for them.
     """
@@ -101,6 +104,8 @@ def record_round(
     stats["judge_probes"] += judge_probes * rounds
     stats["head_rounds"] += rounds * head
     stats["head_accepted"] += exact * rounds * head
+    stats["copy_rounds"] += rounds * copied
+    stats["copy_accepted"] += (exact + judged) * rounds * copied
     if probe_round is not None:
         stats.setdefault(PROBE_SCORES, []).extend([probe_round] * rounds)
     if req.customized_info is None:
@@ -140,6 +145,8 @@ class ServerTotals:
     judge_probes: int = 0
     head_rounds: int = 0
     head_accepted: int = 0
+    copy_rounds: int = 0
+    copy_accepted: int = 0
 
     def add_pass(
         self,
@@ -154,15 +161,19 @@ class ServerTotals:
         draft_length: int,
         passes: int = 1,
         head: bool = False,
+        copy_rounds: int = 0,
+        copy_accepted: int = 0,
     ) -> None:
         """One worker round of `passes` identical verify passes (more than one: a tier-0 round's
         decode steps) over a batch of `rounds` requests; per pass, probe_scores: the judge score
         of each real probe; graphed: its draft chain and verify replayed graphs; verify_rows:
-        the window rows it ran (rounds x N); draft_length: L x rounds."""
+        the window rows it ran (rounds x N); draft_length: L x rounds; copy_rounds, copy_accepted:
+        its requests that verified their copy, and the copied tokens they kept."""
         counts = dict(
             requests=new_requests, rounds=rounds, verify_passes=1, graph_passes=int(graphed), verify_rows=verify_rows,
             draft_length=draft_length, draft_tokens=draft_tokens, accepted_exact=exact, accepted_judged=judged,
             judge_probes=len(probe_scores), head_rounds=rounds * head, head_accepted=exact * head,
+            copy_rounds=copy_rounds, copy_accepted=copy_accepted,
         )  # fmt: skip
         counts = {name: value if name == "requests" else value * passes for name, value in counts.items()}
         counts["batch_rounds"] = 1
@@ -213,14 +224,16 @@ def record_round_stats(totals: ServerTotals, reqs, window, result, graphed: bool
     scores = []
     if result.probe_scores is not None:
         scores = result.probe_scores[real_probes[:, : result.probe_scores.shape[1]]].tolist()
-    exact, judged = result.exact_tokens, result.judged_tokens
+    exact, judged, copied = result.exact_tokens, result.judged_tokens, plan.copied.tolist()
     new_requests = 0
     for i, req in enumerate(reqs):
         probes = probe_round(window, result, i, head) if RETURN_PROBE_SCORES in req.parse.resolved.outputs else None
         new_requests += record_round(req, window.shape.draft_len, draft_lens[i], exact[i], judged[i], probe_counts[i],
-                                     probes, steps, head)  # fmt: skip
+                                     probes, steps, head, copied[i])  # fmt: skip
+    copy_accepted = sum(e + j for e, j, c in zip(exact, judged, copied) if c)
     totals.add_pass(new_requests, len(reqs), sum(draft_lens), sum(exact), sum(judged), scores, graphed,
-                    len(reqs) * window.shape.rows, len(reqs) * window.shape.draft_len, steps, head)  # fmt: skip
+                    len(reqs) * window.shape.rows, len(reqs) * window.shape.draft_len, steps, head, sum(copied),
+                    copy_accepted)  # fmt: skip
 
 
 def probe_round(window, result, i: int, head: bool = False) -> dict:
@@ -238,6 +251,7 @@ def probe_round(window, result, i: int, head: bool = False) -> dict:
         "confidence": plan.confidence[i, : plan.draft_lens[i]].tolist(),
         "accepted": result.lengths[i],
         "exact": result.exact_tokens[i],
+        "copied": bool(plan.copied[i]),  # the draft was the request's retrieved copy
         "probes": per_boundary(result.probe_scores, bool(plan.probed[i])),
         "tokens": (
             result.token_scores[i, : plan.draft_lens[i]].tolist()

@@ -3,7 +3,8 @@ after it (`after_round`); what it measures, it times itself (docs/adaptive.md).
 
 - `FixedDraftLength`: every round drafts the server's L (`adaptive: false`).
 - `adaptive.AdaptiveDraftLength` (`adaptive: true`): the tier whose expected tokens per second,
-  by its measured costs and each request's acceptance so far, is the best; once the drafts and
+  by its measured costs and each request's acceptance so far, is the best, and the requests that
+  verify their retrieved copy instead (`retrieval: true`, parse_sglang/retrieval.py); once the drafts and
   their confidences are on the host, the verify may stop at a shorter tier where the calibrated
   confidences say the rest will not survive (`verify_length`).
 """
@@ -15,10 +16,12 @@ from typing import Callable, Sequence
 
 class DraftLengthPolicy:
     per_round = False  # True: L changes from round to round (a TP server's ranks take rank 0's)
+    copying: Sequence[bool] = ()  # the requests whose retrieved copy this round verifies (empty: none)
 
-    def choose(self, reqs, policies: Sequence, rows_of: Callable[[int], int], steps: int) -> int:
-        """This round's L. reqs and their `window_plan.RequestPolicy`s; rows_of(L): verify rows per
-        request at L; steps: the decode steps a round of L = 0 would run."""
+    def choose(self, reqs, policies: Sequence, rows_of: Callable[[int], int], steps: int, copies=None) -> int:
+        """This round's L, the draft model's (and `copying`). reqs and their `window_plan.RequestPolicy`s;
+        rows_of(L): verify rows per request at L; steps: the decode steps a round of L = 0 would
+        run; copies: each request's `retrieval.Copy` or None (None: the server retrieves nothing)."""
         raise NotImplementedError
 
     def drafts_on_host(self, caught_up: int = 0) -> None:
@@ -43,5 +46,5 @@ class FixedDraftLength(DraftLengthPolicy):
     def __init__(self, length: int):
         self.length = length
 
-    def choose(self, reqs, policies, rows_of, steps) -> int:
+    def choose(self, reqs, policies, rows_of, steps, copies=None) -> int:
         return self.length

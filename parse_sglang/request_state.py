@@ -27,6 +27,7 @@ class RequestState:
     head_acceptance: Optional[object] = None  # adaptive.Acceptance of its head rounds (`eagle3_head`)
     target_phase: Optional[list] = None  # tokens of its current target phase (target_phase.py); None: not in one
     draft_behind: int = 0  # committed tokens whose draft KV tier-0 rounds skipped (draft_chain.py)
+    text_index: Optional[object] = None  # retrieval.SuffixAutomaton of its prompt and output (retrieval.py)
 
 
 @dataclass(frozen=True)

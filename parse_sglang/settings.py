@@ -68,8 +68,9 @@ class ParseConfig:
     likelihood_threshold: λ of the likelihood judge.
     divergence_entropy: θ of the divergence judge, nats.
     divergence_window: W of the divergence judge, draft tokens.
-    head_threshold: the judge head's bound on P(harmful).
-    judge_head: a judge head file `python -m parse_sglang.judge_head train` wrote for this target
+    head_threshold: the judge head's bound on P(harmful) (a head file carries none: its calibration
+        lists what each bound accepted on held-out mismatches).
+    judge_head: a judge head file `python -m parse_sglang.tools.judge_head train` wrote for this target
         (empty: none; judge_mode "head" needs one). Server-wide.
     after_rejection: "redraft" (draft again at once) or "target_to_delimiter" (the target
         decodes up to the next delimiter first, as SpecReason/HoVer do).
@@ -84,17 +85,26 @@ class ParseConfig:
     tier0_steps: the plain decode steps one tier-0 round runs back to back on the device (at
         most L + 1 and the batch's longest output left; 1 where a step's token must reach the
         host before the next is sampled: grammar, penalties, logprobs). Server-wide.
-    cost_table: a JSON file `python -m parse_sglang.profile_cost` wrote: the adaptive server's
+    cost_table: a JSON file `python -m parse_sglang.tools.profile_cost` wrote: the adaptive server's
         costs, fixed (empty: measured from its own rounds). Server-wide.
     eagle3_head: an EAGLE-3 head checkpoint for the target (empty: none): an adaptive server's
         tier-0 rounds run as head rounds, `eagle3_steps` head drafts verified exactly
         (parse_sglang/eagle3_head.py, docs/eagle3.md). Server-wide.
     eagle3_steps: the head's draft tokens per head round. Server-wide.
+    retrieval: an adaptive server may verify, in place of a request's draft, the continuation
+        that followed the longest earlier occurrence of its last tokens in its own text or in
+        recent outputs (parse_sglang/retrieval.py, docs/retrieval.md), where the controller
+        expects it to emit more; off: the draft model alone. A request may turn it off.
+    retrieval_min_match: the fewest tokens of a request's text that must match to copy.
+        Server-wide.
+    retrieval_corpus: finished requests' output tokens kept to copy from (0: a request copies
+        only from its own text). Server-wide.
     """
 
     # The defaults are what the measured tables say (docs/settings.md, "Why these defaults"):
-    # lossless and adaptive, so that a server started with no settings never loses to the
-    # target alone; a judge a user turns on is the likelihood judge at λ = 0.2.
+    # lossless and adaptive, so that a server started with no settings falls back to plain decode
+    # steps where the draft does not pay (the replay still has it below the target alone at
+    # batch 32); a judge a user turns on is the likelihood judge at λ = 0.2.
     draft_budget: int = 32
     probe_stride: int = 8
     delimiters: tuple[str, ...] = DEFAULT_DELIMITERS
@@ -115,6 +125,9 @@ class ParseConfig:
     cost_table: str = ""
     eagle3_head: str = ""
     eagle3_steps: int = 3
+    retrieval: bool = True
+    retrieval_min_match: int = 3
+    retrieval_corpus: int = 16384
 
     def __post_init__(self):
         _check_int("draft_budget", self.draft_budget, 1, 1024)
@@ -160,6 +173,10 @@ class ParseConfig:
             if not isinstance(getattr(self, name), str):
                 raise ValueError(f"{name}={getattr(self, name)!r} is invalid: allowed is a file path (a string)")
         _check_int("eagle3_steps", self.eagle3_steps, 1, 16)
+        if not isinstance(self.retrieval, bool):
+            raise ValueError(f"retrieval={self.retrieval!r} is invalid: allowed is true or false")
+        _check_int("retrieval_min_match", self.retrieval_min_match, 1, 64)
+        _check_int("retrieval_corpus", self.retrieval_corpus, 0, 1 << 22)
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any], base: "ParseConfig | None" = None) -> "ParseConfig":
@@ -231,6 +248,7 @@ REQUEST_SETTINGS = (
     "divergence_window",
     "head_threshold",
     "after_rejection",
+    "retrieval",
 )
 # Per-request output options (booleans, default false). return_probe_scores: meta_info["parse"]
 # also gets "probe_scores", one entry per round (parse_sglang/counters.py).
@@ -292,7 +310,7 @@ def _parse_server_config(raw, num_steps: Optional[int]) -> ParseConfig:
     if config.judge and config.judge_mode == "head" and not config.judge_head:
         raise ValueError(
             '--parse-config (Engine parse_config=): judge_mode="head" is invalid without judge_head: '
-            "allowed is a judge head file for this target (python -m parse_sglang.judge_head train)"
+            "allowed is a judge head file for this target (python -m parse_sglang.tools.judge_head train)"
         )
     if config.judge_head and config.eagle3_head:
         raise ValueError(
@@ -358,6 +376,8 @@ def request_parse_config(custom_params: Optional[Mapping[str, Any]], server: Par
         )
     if config.judge and not server.judge:
         raise ValueError(f"{REQUEST_WHERE}: judge=true is invalid: the server runs with the judge off (lossless)")
+    if config.retrieval and not server.retrieval:
+        raise ValueError(f"{REQUEST_WHERE}: retrieval=true is invalid: the server runs with retrieval off")
     if config.uses_probe and not server.uses_probe:
         raise ValueError(
             f"{REQUEST_WHERE}: judge_mode={config.judge_mode!r} is invalid: the server's verify window has no "

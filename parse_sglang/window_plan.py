@@ -99,6 +99,7 @@ class ProbePlan:
     token_thresholds: torch.Tensor  # [bs] float32, its token judge's bound (λ, θ or P(harmful))
     token_windows: torch.Tensor  # [bs] int64, W of the divergence judge
     bounds: torch.Tensor  # [bs, L] int64, real boundaries b_1 < ... < b_K, then 0s
+    copied: torch.Tensor  # [bs] bool, its drafts are its retrieved copy (parse_sglang/retrieval.py)
 
     def real_bounds(self) -> list[list[int]]:
         return [[b for b in row if b > 0] for row in self.bounds.tolist()]
@@ -127,12 +128,20 @@ AS_PLANNED = PlanOnDevice._fields[:9]  # the fields copied from the ProbePlan un
 
 
 def place_probes(
-    drafts_host: torch.Tensor, confidence_host: torch.Tensor, policies: Sequence[RequestPolicy], texts: TokenTexts
+    drafts_host: torch.Tensor,
+    confidence_host: torch.Tensor,
+    policies: Sequence[RequestPolicy],
+    texts: TokenTexts,
+    drafted: Optional[Sequence[int]] = None,
+    copied: Optional[Sequence[bool]] = None,
 ) -> ProbePlan:
-    """Each request's acceptable draft length, target-phase limit and real probe boundaries."""
+    """Each request's acceptable draft length, target-phase limit and real probe boundaries;
+    drafted: each request's real drafts (the rest of its row is padding; None: all L); copied:
+    which rows are retrieved copies (None: none)."""
     rows = drafts_host.tolist()
     bs, length = drafts_host.shape
-    draft_lens = [cut_at_stop(row[: p.budget], p.stop_ids) for row, p in zip(rows, policies)]
+    drafted = drafted or [length] * bs
+    draft_lens = [cut_at_stop(row[: min(p.budget, n)], p.stop_ids) for row, p, n in zip(rows, policies, drafted)]
     bounds = torch.zeros(bs, length, dtype=torch.int64)
     limits = []
     for i, (row, n, p) in enumerate(zip(rows, draft_lens, policies)):
@@ -156,6 +165,7 @@ def place_probes(
         token_thresholds=torch.tensor([p.config.token_threshold for p in policies], dtype=torch.float32),
         token_windows=torch.tensor([p.config.divergence_window for p in policies], dtype=torch.int64),
         bounds=bounds,
+        copied=torch.tensor(copied or [False] * bs, dtype=torch.bool),
     )
 
 
@@ -175,6 +185,7 @@ def nothing_drafted(bs: int, device) -> tuple[ProbePlan, PlanOnDevice]:
         token_thresholds=torch.zeros(bs, dtype=torch.float32),
         token_windows=torch.zeros(bs, dtype=torch.int64),
         bounds=torch.zeros(bs, 0, dtype=torch.int64),
+        copied=torch.zeros(bs, dtype=torch.bool),
     )
     no_boundary = torch.zeros(bs, 1, dtype=torch.int64)  # boundaries and probe slots: one column of 0s
     fields = [getattr(host, name) for name in AS_PLANNED] + [no_boundary, no_boundary, host.bounds]
@@ -241,19 +252,22 @@ def plan_window(
     constants: ShapeConstants,
     mask_buffer: Optional[FullMaskBuffer],
     share: Callable[[ProbePlan], ProbePlan] = lambda plan: plan,
+    drafted: Optional[Sequence[int]] = None,
+    copied: Optional[Sequence[bool]] = None,
 ) -> Window:
     """drafts_host [bs, L] and confidence_host [bs, L] on the host; last_tokens / prefix_lens [bs] and suffix_ids [m] on
     the device (suffix_ids None: no probe on this server); fixed_probes: K_max for a fixed
     window, None for the batch's own K; constants: the per-shape cache; mask_buffer: the FULL
     mask buffer (None: the QLEN_ONLY form); share: the plan every rank builds its window
-    from (`TpSync.share_plan`: rank 0's). The one host-to-device copy of the round is here."""
+    from (`TpSync.share_plan`: rank 0's); drafted, copied: `place_probes`'. The one host-to-device
+    copy of the round is here."""
     device = last_tokens.device
     bs, length = drafts_host.shape
     if length == 0:  # tier 0: nothing to place, judge or upload (every rank's length is rank 0's)
         plan, on_device = constants.cached(("nothing_drafted", bs), lambda: nothing_drafted(bs, device))
         num_probes = 0
     else:
-        plan = share(place_probes(drafts_host, confidence_host, policies, texts))
+        plan = share(place_probes(drafts_host, confidence_host, policies, texts, drafted, copied))
         num_probes, on_device = upload_plan(plan, fixed_probes, device)
     shape = WindowShape(length, num_probes, len(suffix_ids) if num_probes else 0)
     chain_tokens = torch.cat([last_tokens[:, None].to(torch.int64), on_device.drafts], dim=1)

@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from typing import Optional
 
 import torch
 from sglang.srt.layers.logits_processor import LogitsProcessorOutput
@@ -74,6 +75,7 @@ from parse_sglang.eagle3_head import HeadChain
 from parse_sglang.judge import answer_columns
 from parse_sglang.judge_head import load as load_judge_head
 from parse_sglang.packing import fields_of, pack, unpack
+from parse_sglang.retrieval import Retrieval, window_length, with_copies
 from parse_sglang.round_acceptance import accept_round
 from parse_sglang.scheduler_patches.verify_graph import VerifyGraphs
 from parse_sglang.settings import (
@@ -142,6 +144,9 @@ class ParseWorker(WorkerSetup, BaseSpecWorker):
         if self.config.judge_head:
             self.judge_head = load_judge_head(self.config.judge_head, self.model_runner.model_config.hf_config)
             self.judge_head = dataclasses.replace(self.judge_head, weights=self.judge_head.weights.to(self.device))
+        self.retrieval = None  # copies of text a request has seen (`retrieval`: an adaptive server's choice)
+        if self.config.retrieval and self.config.adaptive:
+            self.retrieval = Retrieval(self.config.retrieval_min_match, self.config.retrieval_corpus)
         self.totals = ServerTotals()  # get_server_info()'s "parse" entry
         self.tp = TpSync.of_tp_group()  # rank 0's plan and decisions on every TP rank
         # The last verify's captured hidden states: the EAGLE-3 head's aux states, or the judge head's final ones.
@@ -164,19 +169,23 @@ class ParseWorker(WorkerSetup, BaseSpecWorker):
         """One PARSE round for every request of a decode batch (docs/design.md §1, steps 1-9)."""
         committed = Committed.of(batch, self.device)
         policies = [request_policy(req, self.config) for req in batch.reqs]
-        length, steps = self._draft_length(batch, policies)  # L: the server's, or the adaptive tier
+        copies = self._copies(batch, policies)  # each request's retrieved continuation, on the host
+        length, steps, width = self._draft_length(batch, policies, copies)  # the draft model's L; the window's
         if length == HEAD:  # the EAGLE-3 head's k drafts, verified exactly
             return self._head_round(batch, committed, policies)
-        if length == 0:  # tier 0: plain decode steps, the draft idle
+        if width == 0:  # tier 0: plain decode steps, the draft idle
             return self._decode_steps(batch, committed, policies, steps)
         draft = self._draft(batch, committed, length)  # 1. d_1..d_L, their confidence (and their q)
-        window = self._plan_window(committed, draft, policies)  # 2.-5. boundaries, probes
+        window = self._plan_window(committed, draft, policies, copies, width)  # 2.-5. copies, boundaries, probes
         chain_logits, probe_logits, verify_graphed = self._verify(batch, committed, window)  # 6. ONE forward
         accepted = self._accept(batch, committed, window, chain_logits, probe_logits, draft.proposals)  # 7.-8.
         accepted = self.tp.share_accepted(accepted)  # TP: rank 0's decisions on every rank
         graphed = draft.graphed and verify_graphed
         result = self._result(batch, committed, window, accepted, chain_logits, graphed)  # 9. SGLang commits
-        self._record(batch.reqs, window, accepted, graphed)  # counters, target phases, the round's costs
+        kept = self._record(batch.reqs, window, accepted, graphed)  # counters, target phases, the round's costs
+        # the draft's KV holds its own chain, not a copy: it catches up over what a copy committed
+        missed = [a + 1 if length == 0 or copied else 0 for a, copied in zip(kept, window.plan.copied.tolist())]
+        self._draft_worker.idle(batch.reqs, missed)
         return result
 
     def _head_round(self, batch: ScheduleBatch, committed: Committed, policies) -> GenerationBatchResult:
@@ -197,9 +206,18 @@ class ParseWorker(WorkerSetup, BaseSpecWorker):
         self._draft_worker.idle(batch.reqs, [kept + 1 for kept in lengths])
         return result
 
-    def _draft_length(self, batch: ScheduleBatch, policies) -> tuple[int, int]:
+    def _copies(self, batch: ScheduleBatch, policies) -> Optional[list]:
+        """Each request's `retrieval.Copy` (or None), at most its budget; None where the server does
+        not retrieve, or the rejection rule would read a copy's q, which no model proposed."""
+        if self.retrieval is None or (self.rejection_sampling and not batch.sampling_info.is_all_greedy):
+            return None
+        budgets = [p.budget if p.config.retrieval else 0 for p in policies]
+        return self.retrieval.propose(batch.reqs, budgets)
+
+    def _draft_length(self, batch: ScheduleBatch, policies, copies) -> tuple[int, int, int]:
         """The round's L: the server's, or the tier the adaptive controller chooses (rank 0's
-        on a tensor-parallel server: its costs are its own measurements); and the decode steps
+        on a tensor-parallel server: its costs are its own measurements); the window's L, which
+        holds the copies the controller chose to verify (`retrieval.window_length`); and the decode steps
         a tier-0 round runs: `tier0_steps`, at most L + 1 (the slots SGLang reserves per round)
         and the longest output a request has left, and 1 where a step's token must reach the host before
         the next is sampled (a grammar, penalties) or logprobs are returned (every rank knows the
@@ -212,10 +230,12 @@ class ParseWorker(WorkerSetup, BaseSpecWorker):
         )
         longest = max(self.config.tier0_steps if p.left is None else p.left for p in policies)
         steps = 1 if stepwise else max(min(self.config.tier0_steps, self.config.draft_budget + 1, longest), 1)
-        length = self.draft_length.choose(batch.reqs, policies, self._rows_of(policies), steps)
-        length, steps = self._shared(length, steps)
+        length = self.draft_length.choose(batch.reqs, policies, self._rows_of(policies), steps, copies)
+        copying = self.draft_length.copying
+        width = window_length(self.config.tiers, length, copies, copying) if any(copying) else max(length, 0)
+        length, steps, width = self._shared(length, steps, width)
         self._drafting = length > 0  # what the next prefill defers by (the same on every TP rank)
-        return length, steps
+        return length, steps, width
 
     def _rows_of(self, policies):
         """L -> the verify rows per request of this batch at draft length L."""
@@ -266,18 +286,28 @@ class ParseWorker(WorkerSetup, BaseSpecWorker):
 
     def _draft(self, batch: ScheduleBatch, committed: Committed, length: int) -> Draft:
         """d_1..d_L from c_n, with each one's confidence and proposal distribution, and whether
-        the draft ran as one graph replay (`DraftChain.draft`: L+1 draft decode steps)."""
+        the draft ran as one graph replay (`DraftChain.draft`: L+1 draft decode steps); L = 0 (a
+        round of copies alone): nothing, on the host."""
+        if length == 0:
+            nothing = torch.empty((len(batch.reqs), 0), dtype=torch.int64)
+            return Draft(nothing, nothing.float(), None, True)
         set_lengths(batch, committed)
         return self._draft_worker.draft(batch, committed.last_tokens, committed.rows, length)
 
-    def _plan_window(self, committed: Committed, draft: Draft, policies, cut: bool = True) -> Window:
+    def _plan_window(self, committed: Committed, draft: Draft, policies, copies=None, width: int = 0,
+                     cut: bool = True) -> Window:  # fmt: skip
         """Boundaries per request (the drafts' and their confidences' one trip to the host, packed),
         then one device-built window for all of them (the plan's one trip to the device). The
         window holds the first `verify_length` drafts: all L, or (`cut`) an adaptive server's shorter
-        tier where the confidences say the rest will not survive (a host decision: no copy)."""
+        tier where the confidences say the rest will not survive (a host decision: no copy); or,
+        where the controller chose copies (`copying`), `width` rows of drafts and copies."""
         drafted = [draft.tokens, draft.confidence]  # [bs, L] each
         drafts_host, confidence_host = unpack(pack(drafted).cpu(), fields_of(drafted))
         self.draft_length.drafts_on_host(draft.caught_up)  # the end of the round's draft part (its measured cost)
+        copying, counts = self.draft_length.copying, None
+        if any(copying):  # [bs, width]: each row its draft or its copy, then padding no request may keep
+            drafts_host, confidence_host, counts = with_copies(drafts_host, confidence_host, copies, copying, width)
+            cut = False
         if cut and drafts_host.shape[1]:
             verified = self.draft_length.verify_length(policies, confidence_host, self._rows_of(policies))
             (verified,) = self._shared(verified)
@@ -295,6 +325,8 @@ class ParseWorker(WorkerSetup, BaseSpecWorker):
             constants=self.constants,
             mask_buffer=self.mask_buffer,
             share=self.tp.share_plan,  # TP: rank 0's drafts and boundaries on every rank
+            drafted=counts,
+            copied=list(copying) if counts else None,
         )
 
     def _verify(self, batch: ScheduleBatch, committed: Committed, window: Window):

@@ -157,11 +157,15 @@ def assert_drafts_are_draft_greedy(outs, prompt_ids, draft) -> int:
     """Every PARSE round's draft (`return_probe_scores` entries) is the draft model's own greedy
     continuation of the tokens committed before that round, as transformers computes it, and
     each draft token's confidence is its probability under the draft's logits there (the
-    top-1, at temperature 1); returns how many rounds were checked."""
+    top-1, at temperature 1); returns how many rounds were checked. A round that verified a
+    retrieved copy (`copied`) drafted nothing of the model's: it is not checked."""
     rounds = 0
     for ids, out in zip(prompt_ids, outs):
         committed = 1  # the prefill's token, then each round's accepted drafts and bonus
         for round_ in out["meta_info"]["parse"]["probe_scores"]:
+            if round_.get("copied"):
+                committed += round_["accepted"] + 1
+                continue
             context = list(ids) + out["output_ids"][:committed]
             assert round_["draft"] == hf_greedy(draft, context, len(round_["draft"]), ignore_eos=True), committed
             with torch.no_grad():
@@ -173,16 +177,16 @@ def assert_drafts_are_draft_greedy(outs, prompt_ids, draft) -> int:
     return rounds
 
 
-def write_pinned_costs(path, tiers, head: float = 0.0, draft_step: float = 0.006) -> str:
+def write_pinned_costs(path, tiers, head: float = 0.0, draft_step: float = 0.006, row: float = 1e-4) -> str:
     """A fixed cost table (`cost_table`) of a machine where a draft step costs 0.3 of the verify
     pass (tier 0 skips the draft): a new request's prior (half its draft tokens kept) pays for
     no tier but 0, so an adaptive server starts at tier 0 and its probes draft now and then;
     head: seconds of an EAGLE-3 head's draft part (0: no head cell); draft_step: seconds of a
-    draft step (a cheaper one makes probes come sooner)."""
+    draft step (a cheaper one makes probes come sooner); row: seconds of a verify row."""
     cells = [(b, L) for b in (1, 16) for L in tiers]
     table = {
         "draft": [{"bucket": b, "L": L, "seconds": draft_step * (L + 1) if L else 0.0} for b, L in cells],
-        "rest": [{"bucket": b, "rows": L + 1, "seconds": 0.02 + 1e-4 * (L + 1)} for b, L in cells],
+        "rest": [{"bucket": b, "rows": L + 1, "seconds": 0.02 + row * (L + 1)} for b, L in cells],
         "head": [{"bucket": b, "seconds": head} for b in (1, 16)] if head else [],
     }
     Path(path).write_text(json.dumps(table))

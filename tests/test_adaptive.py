@@ -30,7 +30,7 @@ from parse_sglang.adaptive import (
     PooledAcceptance,
     bucket,
 )
-from parse_sglang.profile_cost import main as profile_cost_main
+from parse_sglang.tools.profile_cost import main as profile_cost_main
 from parse_sglang.settings import ParseConfig, server_parse_config
 
 TIERS = (0, 4, 8, 16, 32)
@@ -75,12 +75,23 @@ def observe(controller, reqs, tier: int, accepted: list[int], draft_s: float = 0
     controller.observe(reqs, tier, rows_of(tier), plan, SimpleNamespace(lengths=accepted), draft_s, rest_s, steps)
 
 
-def timed_round(controller, req, draft_s: float, caught_up: int = 0) -> None:
-    """One round of `req` at L = 4 through the controller's own clock (choose, drafts on the host,
-    after_round): its draft part took draft_s and it caught up over `caught_up` tokens."""
+class FakeClock:
+    """The controller's `clock`: `now` seconds, moved by the test."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def timed_round(controller, clock: FakeClock, req, draft_s: float, rest_s: float, caught_up: int = 0) -> None:
+    """One round of `req` at L = 4 through the controller's clock (choose, drafts on the host,
+    after_round): its draft part took draft_s, the rest rest_s, and it caught up over `caught_up` tokens."""
     assert controller.choose([req], policies(1), rows_of, steps=4) == 4
-    controller._clock["start"] -= draft_s
+    clock.now += draft_s
     controller.drafts_on_host(caught_up=caught_up)
+    clock.now += rest_s
     window = SimpleNamespace(shape=SimpleNamespace(rows=5), plan=SimpleNamespace(
         draft_lens=torch.tensor([4]), confidence=torch.ones(1, 4), judged=torch.tensor([False])))  # fmt: skip
     controller.after_round([req], window, SimpleNamespace(lengths=[4], emitted=[[7] * 5]), steps=1)
@@ -163,17 +174,20 @@ def test_a_round_that_caught_up_is_no_sample_of_its_tier(cpu_runtime, monkeypatc
     assert chain.draft(batch, torch.zeros(2), None, 8).caught_up == 0  # nothing behind
 
     for priced, median in ((False, 0.02), (True, 0.05)):
-        controller = AdaptiveDraftLength([4], CostTable())  # every round at L = 4
+        clock = FakeClock()
+        controller = AdaptiveDraftLength([4], CostTable(), clock=clock)  # every round at L = 4
         req = SimpleNamespace()
         # a caught-up round as the uncounted warm-up, two counted, then two more caught up
-        for draft_s, caught_up in ((0.5, True), (0.02, False), (0.02, False), (0.08, True), (0.08, True)):
-            timed_round(controller, req, draft_s, caught_up=0 if priced or not caught_up else 3)
-        assert controller.costs.draft[1, 4] == pytest.approx(median, rel=0.2) and controller.costs.measured_tiers(1)
-        assert len(controller.costs._samples[id(controller.costs.rest), (1, 5)]) == 5  # every round's rest counts
+        rounds = ((0.5, 0.1, True), (0.02, 0.01, False), (0.02, 0.03, False), (0.08, 0.03, True), (0.08, 0.05, True))
+        for draft_s, rest_s, caught_up in rounds:
+            timed_round(controller, clock, req, draft_s, rest_s, caught_up=0 if priced or not caught_up else 3)
+        assert controller.costs.draft[1, 4] == pytest.approx(median, abs=1e-12) and controller.costs.measured_tiers(1)
+        # every round's rest counts: the median of the four after the warm-up (0.01, 0.03, 0.03, 0.05)
+        assert controller.costs.rest[1, 5] == pytest.approx(0.03, abs=1e-12)
         # a catch-up: the median of the caught-up rounds' draft parts less the tier's (0.48, 0.06 twice,
         # each over 3 tokens), at least that over more tokens, in proportion over fewer
-        assert controller._catch_up_seconds(10) == (0.0 if priced else pytest.approx(0.06, rel=0.2))
-        assert controller._catch_up_seconds(2) == (0.0 if priced else pytest.approx(0.06 * 2 / 3, rel=0.2))
+        assert controller._catch_up_seconds(10) == (0.0 if priced else pytest.approx(0.06, abs=1e-12))
+        assert controller._catch_up_seconds(2) == (0.0 if priced else pytest.approx(0.06 * 2 / 3, abs=1e-12))
 
 
 def test_tier_zero_is_priced_from_tier_zero_rounds_not_from_drafting_rounds():

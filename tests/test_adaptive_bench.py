@@ -188,10 +188,10 @@ def test_open_loop_requests_are_in_flight_together_and_make_a_row():
     spec = bench.engines(bench_args(), pair())[-1]  # the default engine: PARSE counters read
     row = bench.measure_open(FakeServer(8), pair(), spec, batch=2, rate=200.0, args=bench_args())
     assert (row["load"], row["requests"], row["batch"], row["rate_per_s"]) == ("open", 8, 2, 200.0)
-    assert row["output_tokens"] == 32 and row["tokens_per_s"] == pytest.approx(32 / row["wall_s"])
+    assert row["output_tokens"] == 32 and [ids[0] for ids in row["output_ids"]] == list(range(8))
     assert row["prefill_s"] is None and row["decode_s"] is None and row["round_ms"] is None
     assert row["rounds"] == 16 and row["mean_L"] == 4.0 and row["tokens_per_round"] == pytest.approx(24 / 16)
-    assert row["mean_latency_s"] > 0 and row["mode"] == "default"
+    assert row["mode"] == "default"  # (its seconds: open_loop_timing's arithmetic, tested above on fixed times)
 
 
 def test_one_by_one_sends_each_prompt_after_the_last_and_makes_a_row():

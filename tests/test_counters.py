@@ -41,8 +41,8 @@ def test_request_and_server_counters_agree():
         totals.add_pass(new, len(reqs), *(sum(c[k] for c in per_req) for k in range(3)), scores, graphed=True,
                         verify_rows=2 * 9, draft_length=2 * length)  # fmt: skip
     stats = [req.customized_info[counters.STATS_KEY][0] for req in reqs]
-    assert stats[0] == dict(zip(COUNTERS, (2, 12, 8, 6, 1, 2, 0, 0))) and stats[1] == dict(
-        zip(COUNTERS, (2, 12, 7, 1, 2, 3, 0, 0))
+    assert stats[0] == dict(zip(COUNTERS, (2, 12, 8, 6, 1, 2, 0, 0, 0, 0))) and stats[1] == dict(
+        zip(COUNTERS, (2, 12, 7, 1, 2, 3, 0, 0, 0, 0))
     )
     assert totals.requests == 2 and totals.verify_passes == totals.graph_passes == 2 and totals.rounds == 4
     for name in ("draft_length", "draft_tokens", "accepted_exact", "accepted_judged", "judge_probes"):
@@ -63,10 +63,10 @@ def test_exporter_receives_every_pass(monkeypatch):
     totals.add_pass(0, 1, 0, 0, 0, [], graphed=True, verify_rows=1, draft_length=0, passes=3)
     totals.add_pass(0, 2, 6, 5, 0, [], graphed=False, verify_rows=8, draft_length=6, head=True)
     assert [counts for counts, _ in exporter.passes] == [
-        dict(zip(TOTALS, (2, 2, 1, 1, 1, 18, 8, 8, 3, 1, 2, 0, 0))),
-        dict(zip(TOTALS, (0, 1, 1, 1, 0, 5, 4, 4, 4, 0, 0, 0, 0))),
-        dict(zip(TOTALS, (0, 3, 3, 1, 3, 3, 0, 0, 0, 0, 0, 0, 0))),  # a tier-0 round of 3 decode steps
-        dict(zip(TOTALS, (0, 2, 1, 1, 0, 8, 6, 6, 5, 0, 0, 2, 5))),  # a head round (k = 3) of 2 requests
+        dict(zip(TOTALS, (2, 2, 1, 1, 1, 18, 8, 8, 3, 1, 2, 0, 0, 0, 0))),
+        dict(zip(TOTALS, (0, 1, 1, 1, 0, 5, 4, 4, 4, 0, 0, 0, 0, 0, 0))),
+        dict(zip(TOTALS, (0, 3, 3, 1, 3, 3, 0, 0, 0, 0, 0, 0, 0, 0, 0))),  # a tier-0 round of 3 decode steps
+        dict(zip(TOTALS, (0, 2, 1, 1, 0, 8, 6, 6, 5, 0, 0, 2, 5, 0, 0))),  # a head round (k = 3) of 2 requests
     ]
     assert exporter.passes[0][1] == [0.25, 0.75]
     assert set(exporter.passes[0][0]) == set(TOTALS)
@@ -82,15 +82,16 @@ def test_a_tier_zero_round_of_decode_steps_counts_each_step_as_a_round():
         req.parse = RequestState(resolved=SimpleNamespace(outputs=outputs))
     plan = SimpleNamespace(draft_lens=torch.zeros(2, dtype=torch.int64), bounds=torch.zeros(2, 0, dtype=torch.int64),
                            probed=torch.zeros(2, dtype=torch.bool), token_modes=torch.zeros(2, dtype=torch.int64),
-                           drafts=torch.zeros(2, 0, dtype=torch.int64), confidence=torch.zeros(2, 0))  # fmt: skip
+                           drafts=torch.zeros(2, 0, dtype=torch.int64), confidence=torch.zeros(2, 0),
+                           copied=torch.zeros(2, dtype=torch.bool))  # fmt: skip
     window = SimpleNamespace(plan=plan, shape=SimpleNamespace(draft_len=0, rows=1))
     result = RoundResult(emitted=[[5, 6, 7], [8, 9, 10]], lengths=[2, 2], exact_tokens=[2, 2], probe_scores=None,
                          token_scores=None)  # fmt: skip
     record_round_stats(totals, reqs, window, result, graphed=True, steps=3)
     stats = [req.customized_info[counters.STATS_KEY][0] for req in reqs]
-    assert [{k: s[k] for k in COUNTERS} for s in stats] == [dict(zip(COUNTERS, (3, 0, 0, 0, 0, 0, 0, 0)))] * 2
-    entry = {"length": 0, "head": False, "draft": [], "confidence": [], "accepted": 0, "exact": 0, "probes": [],
-             "tokens": []}  # fmt: skip
+    assert [{k: s[k] for k in COUNTERS} for s in stats] == [dict(zip(COUNTERS, (3, 0, 0, 0, 0, 0, 0, 0, 0, 0)))] * 2
+    entry = {"length": 0, "head": False, "draft": [], "confidence": [], "accepted": 0, "exact": 0, "copied": False,
+             "probes": [], "tokens": []}  # fmt: skip
     assert stats[0][counters.PROBE_SCORES] == [entry] * 3 and counters.PROBE_SCORES not in stats[1]
     summary = totals.summary()
     passes = (totals.requests, totals.rounds, totals.verify_passes, totals.batch_rounds, totals.graph_passes)

@@ -69,20 +69,21 @@ def test_parse_lossless_equals_target_only(pair, prompt_ids, target_only):
 
 
 def test_demo_on_the_pair(pair):
-    """`python -m parse_sglang.demo --pair qwen2.5-coder` in fp32 on its four tasks: lossless
-    PARSE answers exactly as the target does (the demo exits 1 otherwise), every run's answers
-    are graded, and PARSE kept draft tokens (more than one token per target forward)."""
+    """`python -m parse_sglang.demo --pair qwen2.5-coder` in fp32 on its four tasks, PARSE at a fixed
+    L = 8: lossless PARSE answers exactly as the target does (the demo exits 1 otherwise), every
+    run's answers are graded, and STANDALONE and PARSE kept draft tokens (more than two tokens per
+    target forward)."""
     import re
     import subprocess
     import sys
 
-    proc = subprocess.run(
-        [sys.executable, "-m", "parse_sglang.demo", "--pair", "qwen2.5-coder", "--dtype", "float32",
-         "--max-new-tokens", "96", "--no-likelihood"],
-        capture_output=True, text=True, timeout=1200,
-    )  # fmt: skip
+    argv = ["--pair", "qwen2.5-coder", "--dtype", "float32", "--max-new-tokens", "96"]
+    argv += ["--parse-config", '{"draft_budget": 8, "adaptive": false}']
+    command = [sys.executable, "-m", "parse_sglang.demo", *argv]
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=1800)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     out = proc.stdout
-    assert out.count("(identical to target-only, ") == 4, out[-3000:]
-    rows = dict(re.findall(r"^(target only|PARSE lossless)\s+\d+\s+\d+\s+([\d.]+)\s+\d/4\s", out, re.M))
-    assert float(rows["target only"]) == 1.0 and float(rows["PARSE lossless"]) > 2.0, out[-2000:]
+    assert len(re.findall(r"^--- PARSE: identical to target-only, ", out, re.M)) == 4, out[-3000:]
+    rows = dict(re.findall(r"^(target only|STANDALONE|PARSE)\s+\d+\s+\d+\s+([\d.]+)\s+\d/4\s", out, re.M))
+    assert float(rows["target only"]) == 1.0, out[-2000:]
+    assert float(rows["STANDALONE"]) > 2.0 and float(rows["PARSE"]) > 2.0, out[-2000:]

@@ -1,5 +1,6 @@
-"""The replay (`parse_sglang.replay`): a fixed L's replay is the trace's arithmetic, the oracle is never
-beaten at batch 1, the adaptive controller replays deterministically, bad files are refused by name;
+"""The replay (`parse_sglang.replay`): a fixed L's replay and the oracle are the trace's arithmetic and
+follow the cost table, the oracle is never beaten at batch 1, the adaptive controller replays
+deterministically, bad files are refused by name;
 and the trace recorder (`benchmarks/trace.py`) on the synthetic pair in real SGLang engines."""
 
 from __future__ import annotations
@@ -21,13 +22,13 @@ TRACES = sorted((ROOT / "benchmarks" / "traces").glob("*.json"))
 DRAFT_STEP, ROW, STEP, HOST = 0.003, 0.001, 0.010, 0.002  # the test machine: seconds, linear in L and rows
 
 
-def machine(catch_up_fixed=0.004, catch_up_per_token=0.0005) -> Machine:
-    """A machine whose round costs are exact lines: draft part HOST + DRAFT_STEP * (L + 1) (tier 0:
-    HOST), a verify pass STEP + ROW * rows, the same at every batch size (each bucket holds them)."""
+def machine(catch_up_fixed=0.004, catch_up_per_token=0.0005, draft_step=DRAFT_STEP, row=ROW) -> Machine:
+    """A machine whose round costs are exact lines: draft part HOST + draft_step * (L + 1) (tier 0:
+    HOST), a verify pass STEP + row * rows, the same at every batch size (each bucket holds them)."""
     draft, rest = [], []
     for b in (1, 2, 4, 8, 16, 32):
-        draft += [{"bucket": b, "L": L, "seconds": HOST + (DRAFT_STEP * (L + 1) if L else 0.0)} for L in (0, 1, 32)]
-        rest += [{"bucket": b, "rows": r, "seconds": STEP + ROW * r} for r in (1, 2, 33)]
+        draft += [{"bucket": b, "L": L, "seconds": HOST + (draft_step * (L + 1) if L else 0.0)} for L in (0, 1, 32)]
+        rest += [{"bucket": b, "rows": r, "seconds": STEP + row * r} for r in (1, 2, 33)]
     return Machine(CostTable.from_json({"draft": draft, "rest": rest}, "test"), catch_up_fixed, catch_up_per_token)
 
 
@@ -66,11 +67,27 @@ def _trace(path):
     return Trace(trace.pair, trace.max_new_tokens, trace.requests[:6])
 
 
+def test_the_oracle_is_the_hand_computed_best_and_its_costs_move_it():
+    """8 tokens, all matching, at most 8 new, prompt of 10: the best is the draft's prefill (10 x
+    0.0005 s) and one round of L = 7 (the budget: 7 drafts + the bonus token), (HOST + 8 DRAFT_STEP)
+    + (STEP + 8 ROW) = 0.044 s; two rounds of L = 3 take 0.056, tier 0 alone 2 x HOST + 8 x
+    (STEP + ROW) = 0.092. Fixed L = 7 attains it. With drafting 10x dearer (0.03 s a step) no
+    drafting round pays: the best is tier 0 alone, 0.092 s."""
+    req = TraceRequest(prompt_len=10, match="11111111", confidence=(900,) * 8, stopped=False)
+    config = ParseConfig.from_dict({"adaptive": True})
+    assert oracle_seconds(req, machine(), config, range(1, 33), 8) == pytest.approx(0.005 + 0.044, abs=1e-12)
+    fixed = ParseConfig.from_dict({"adaptive": False, "draft_budget": 7})
+    got = serve(FixedDraftLength(7), Trace("t", 8, [req]), machine(), fixed, [0.0], 1)
+    assert (got.tokens, got.rounds) == (8, 1) and got.seconds == pytest.approx(0.049, abs=1e-12)
+    dear = machine(draft_step=0.03)
+    assert oracle_seconds(req, dear, config, range(1, 33), 8) == pytest.approx(0.092, abs=1e-12)
+    assert oracle_seconds(req, machine(), config, [], 8) == pytest.approx(0.092, abs=1e-12)  # no drafting tier
+
+
 @pytest.mark.parametrize("path", TRACES, ids=[p.stem for p in TRACES])
 def test_no_policy_beats_the_oracle_at_batch_1(path):
-    """Each request served alone: adaptive and every fixed L take at least the oracle's seconds;
-    negative control: the oracle restricted to tier 0 (the target alone's rounds) is beaten
-    wherever drafting pays."""
+    """Each request served alone: adaptive and every fixed L take at least the oracle's seconds
+    (test_the_oracle_is_the_hand_computed_best...: the oracle's own values)."""
     trace, m = _trace(path), machine()
     config = ParseConfig.from_dict({"adaptive": True})
     for req in trace.requests:
@@ -82,14 +99,29 @@ def test_no_policy_beats_the_oracle_at_batch_1(path):
         clock = [0.0]
         adaptive = AdaptiveDraftLength(config.tiers, CostTable(), clock=lambda: clock[0])
         assert serve(adaptive, one, m, config, [0.0], 1, clock).seconds >= best - 1e-12
-        no_drafts = oracle_seconds(req, m, config, [], trace.max_new_tokens)
-        assert no_drafts >= best
-        if req.run(0) >= 8:
-            assert no_drafts > best
+
+
+def test_the_replay_row_is_the_trace_arithmetic_and_follows_its_costs():
+    """A closed batch of 2, at most 8 new tokens: A (prompt 4) matches all 8, B (prompt 6) only its
+    first 3. Fixed L = 4: round 1 keeps 4 (A, n = 5) and 3 (B, n = 4); round 2 A's budget is 2
+    (keeps 2 and ends), B misses (n = 5); B alone then gains 1 a round, 3 more rounds (its budget
+    2, then 1, 1; every round priced at L = 4). 5 rounds of (HOST + 5 DRAFT_STEP) + (STEP + 5 ROW)
+    = 0.032 s, after the draft's prefill of 10 prompt tokens (0.005 s): 0.165 s for 16 tokens, 28
+    draft tokens in 7 request-rounds. The target alone: 8 rounds of STEP + ROW = 0.088 s. With ROW
+    doubled: rounds of 0.037 s (0.190 s), the target's of 0.012 s (0.096 s)."""
+    reqs = [TraceRequest(4, "11111111", (900,) * 8, False), TraceRequest(6, "11100000", (900,) * 8, False)]
+    trace, config = Trace("t", 8, reqs), ParseConfig.from_dict({"adaptive": True})
+    for m, fixed_s, target_s in ((machine(), 0.165, 0.088), (machine(row=2 * ROW), 0.190, 0.096)):
+        row = replay(trace, m, "batch:2", config, [4], oracle=False)
+        assert row["target_only"]["seconds"] == pytest.approx(target_s, abs=1e-12)
+        assert row["target_only"]["speed"] == pytest.approx(16 / target_s)
+        assert row["fixed 4"]["speed"] == pytest.approx(16 / fixed_s) and row["fixed 4"]["rounds"] == 5
+        assert row["fixed 4"]["x_target"] == pytest.approx(target_s / fixed_s) and row["fixed 4"]["mean_L"] == 4.0
+        assert row["best_fixed"] == "fixed 4"
 
 
 @pytest.mark.parametrize("path", TRACES, ids=[p.stem for p in TRACES])
-def test_the_replay_is_exact(path):
+def test_the_replay_is_deterministic(path):
     """Two replays of the adaptive controller (its costs measured online on the simulated clock)
     give the same figures to the last bit; every policy emits the target's tokens."""
     trace, m = _trace(path), machine()

@@ -20,7 +20,7 @@ from conftest import (
 )
 from parse_sglang.adaptive import EXPLORE_SAMPLES, PROBE_OVERHEAD, AdaptiveDraftLength, CostTable, bucket
 from parse_sglang.settings import parse_engine_kwargs
-from parse_sglang.profile_cost import main as profile_cost_main
+from parse_sglang.tools.profile_cost import main as profile_cost_main
 from parse_sglang.settings import ParseConfig
 from support.tiny_models import build_model
 
@@ -32,8 +32,10 @@ SCORES = {"parse": {"return_probe_scores": True}}  # each round's entry carries 
 
 
 def adaptive(cost_table: str = "", **judge) -> ParseConfig:
+    """The draft model's tiers alone (copies are test_sglang_retrieval.py's)."""
     judge = judge or {"judge": False}
-    return probe_config(draft_budget=8, adaptive=True, adaptive_tiers=list(TIERS[:-1]), cost_table=cost_table, **judge)
+    return probe_config(draft_budget=8, adaptive=True, adaptive_tiers=list(TIERS[:-1]), cost_table=cost_table,
+                        retrieval=False, **judge)  # fmt: skip
 
 
 @pytest.fixture(scope="module")

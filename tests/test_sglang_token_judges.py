@@ -39,7 +39,7 @@ def random_head(target_dir, path) -> str:
     weights = torch.randn(
         identity.hidden_size + len(judge_head.EXTRA_FEATURES), generator=torch.Generator().manual_seed(0)
     )
-    judge_head.JudgeHead(identity, weights * 0.5, 0.0, 0.5, [], {"made": "tests: random weights"}).save(str(path))
+    judge_head.JudgeHead(identity, weights * 0.5, 0.0, [], {"made": "tests: random weights"}).save(str(path))
     return str(path)
 
 

@@ -20,7 +20,8 @@ turns any attempt into an error. The CPU runtime comes from `SGLANG_USE_CPU_ENGI
   on): `python -m sglang.benchmark.serving --backend sglang --dataset-name random` against it
   reports the accept length of the server's PARSE totals; `/metrics` carries PARSE's counters
   and probe-score histogram, which grow by the requests' `meta_info["parse"]`; a stream's last
-  chunk carries `meta_info["parse"]`.
+  chunk carries `meta_info["parse"]`; `benchmarks/semantic.py --url` measures its per-request rows
+  paired, with a user's problems and grader.
 """
 
 from __future__ import annotations
@@ -278,3 +279,29 @@ def test_stream_last_chunk_carries_parse_counters(server):
     whole = requests.post(server.url + "/generate", json=payload, timeout=TIMEOUT).json()
     assert chunks[-1]["output_ids"] == whole["output_ids"]
     assert last["parse"] == whole["meta_info"]["parse"]  # the same request, streamed or not
+
+
+# ----- the paired measurement against a running server -------------------------------------
+
+
+def test_semantic_measures_a_running_server_paired(server, tmp_path):
+    """`benchmarks/semantic.py --url` with a user's problems and grader (in the current folder):
+    the server's lossless and likelihood rows over HTTP, no engine started; each row's paired
+    counts are its per-problem verdicts against lossless's, and the lossless row judges nothing."""
+    (tmp_path / "grader.py").write_text("def grade(problem, text):\n    return len(text) % 2 == 0\n")
+    problems = [c["conversations"][0]["value"] for c in json.loads(PROMPTS_JSON.read_text())[:4]]
+    (tmp_path / "problems.json").write_text(json.dumps(problems))
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "semantic.py"), "--url", server.url, "--prompts", "problems.json",
+         "--grader", "grader:grade", "--modes", "parse_lossless", "parse_likelihood", "--thresholds", "0.05",
+         "--max-new-tokens", "16", "--no-nll", "--json", "--plot", str(tmp_path / "plot.png")],
+        cwd=tmp_path, env=clean_env(), capture_output=True, text=True, timeout=TIMEOUT,
+    )  # fmt: skip
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-6000:]
+    rows = {row["mode"]: row for row in map(json.loads, proc.stdout.splitlines())}
+    assert set(rows) == {"parse_lossless", "parse_likelihood"} and rows["parse_likelihood"]["threshold"] == 0.05
+    base, judged = rows["parse_lossless"]["correct"], rows["parse_likelihood"]["correct"]
+    assert len(base) == len(judged) == 4 and rows["parse_lossless"]["judged"] == 0
+    assert rows["parse_likelihood"]["paired_b"] == sum(x and not y for x, y in zip(base, judged))
+    assert rows["parse_likelihood"]["paired_c"] == sum(y and not x for x, y in zip(base, judged))
+    assert rows["parse_likelihood"]["loss_upper95"] is not None

@@ -1,15 +1,22 @@
 """The start-up hook's mechanics (parse_sglang_startup), without SGLang: its finder runs the
-callbacks around the one module it waits for and then leaves. What it does with SGLang (PARSE
-registered, CPU runtime on, SGLang's commands unchanged) is tested in test_sglang_tools.py."""
+callbacks around the one module it waits for and then leaves; both .pth lines are silent where
+their module is gone. What it does with SGLang (PARSE registered, CPU runtime on, SGLang's
+commands unchanged) is tested in test_sglang_tools.py."""
 
 from __future__ import annotations
 
 import importlib
+import os
+import shutil
+import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 import parse_sglang_startup as startup
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_finder_runs_callbacks_around_the_module_then_leaves(tmp_path, monkeypatch):
@@ -83,3 +90,31 @@ def test_cpu_runtime_hook_waits_for_sglang_only_where_the_cpu_engine_is_asked_fo
     monkeypatch.setattr("sglang_cpu.enable", lambda: enabled.append(True))
     assert finder.find_spec("sglang") is None  # the usual finders load it
     assert enabled == [True] and ours() == []
+
+
+@pytest.mark.parametrize(
+    "pth", [ROOT / "parse_sglang_startup.pth", ROOT / "cpu_runtime" / "sglang_cpu_startup.pth"], ids=lambda p: p.stem
+)
+def test_a_hook_whose_module_is_gone_starts_python_silently(tmp_path, pth):
+    """A site folder holding the .pth and not its module (an editable install whose checkout was
+    deleted): a fresh `python -S` that adds the folder prints nothing. With the module there, the
+    line calls its install(). Control: the unguarded line `import M; M.install()` prints the
+    traceback the guard prevents."""
+    module, folder = pth.stem, tmp_path / "site"
+    folder.mkdir()
+    shutil.copy(pth, folder / pth.name)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+
+    def start() -> subprocess.CompletedProcess:
+        code = f"import site; site.addsitedir({str(folder)!r})"
+        command = [sys.executable, "-S", "-c", code]
+        return subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+
+    gone = start()
+    assert (gone.returncode, gone.stdout, gone.stderr) == (0, "", "")
+    (folder / f"{module}.py").write_text("def install():\n    print('installed')\n")
+    there = start()
+    assert (there.returncode, there.stdout, there.stderr) == (0, "installed\n", "")
+    (folder / f"{module}.py").unlink()
+    (folder / pth.name).write_text(f"import {module}; {module}.install()\n")
+    assert f"No module named '{module}'" in start().stderr

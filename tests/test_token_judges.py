@@ -5,11 +5,14 @@ damaged or made for another target."""
 import json
 import math
 import random
+from pathlib import Path
 
 import pytest
 import torch
 
 from parse_sglang import judge, judge_head
+from parse_sglang.settings import ParseConfig
+from parse_sglang.tools import judge_head as head_tools
 from parse_sglang.acceptance import accept_lengths
 
 MODES = {"probe": (True, 0), "likelihood": (False, 1), "both": (True, 1), "divergence": (False, 2), "head": (False, 3)}
@@ -133,7 +136,7 @@ CONFIG = {"architectures": ["LlamaForCausalLM"], "hidden_size": 4, "num_hidden_l
 
 def _head(config=CONFIG) -> judge_head.JudgeHead:
     identity = judge_head.TargetIdentity.of_config(config)
-    return judge_head.JudgeHead(identity, torch.tensor([0.5, -1.0, 0.0, 2.0, 0.25, -0.5]), 0.1, 0.2,
+    return judge_head.JudgeHead(identity, torch.tensor([0.5, -1.0, 0.0, 2.0, 0.25, -0.5]), 0.1,
                                 [{"threshold": 0.2, "accepted": 0.5, "false_accept": 0.1, "harmful_accepted": 0.05}],
                                 {"mined": ["test"]})  # fmt: skip
 
@@ -143,11 +146,9 @@ def test_head_file_round_trips_and_scores_with_its_features(tmp_path):
     _head().save(str(path))
     head = judge_head.load(str(path), CONFIG)
     want = _head()
-    assert torch.equal(head.weights, want.weights) and (head.target, head.bias, head.threshold) == (
-        want.target,
-        want.bias,
-        want.threshold,
-    )
+    assert torch.equal(head.weights, want.weights)
+    assert (head.target, head.bias, head.calibration) == (want.target, want.bias, want.calibration)
+    assert "threshold" not in json.loads(path.read_text())  # the bound is the server's head_threshold
     hidden, lp, lt = torch.tensor([[1.0, 2.0, 3.0, 4.0]]), torch.tensor([math.log(0.5)]), torch.tensor([0.0])
     z = 0.5 * 1 - 1.0 * 2 + 0 + 2.0 * 4 + 0.25 * math.log(0.5) - 0.5 * 0 + 0.1
     assert head.harm(hidden, lp, lt).item() == pytest.approx(1 / (1 + math.exp(-z)), rel=1e-6)
@@ -175,6 +176,24 @@ def test_damaged_or_foreign_heads_are_refused_by_name(tmp_path):
         judge_head.load(str(tmp_path / "missing.json"))
 
 
+def test_shipped_head_loads_and_accepts_nothing_at_the_default_bound():
+    """benchmarks/judge_heads/ (docs/judge.md): its held-out calibration at the server's default
+    head_threshold accepts no mismatch, so a server with it and no head_threshold is lossless."""
+    path = Path(__file__).resolve().parents[1] / "benchmarks/judge_heads/qwen2.5-coder-1.5b-instruct-gsm.json"
+    head = judge_head.load(str(path))
+    at_default = next(c for c in head.calibration if c["threshold"] == ParseConfig.head_threshold)
+    assert at_default["accepted"] == 0.0 and head.target.hidden_size == 1536
+    assert "upper estimate" in head.recipe["split"]  # its split was by problem, not by GSM template
+
+
+def test_split_holds_out_whole_groups():
+    """Rows of one group (a GSM template) never land on both sides, though its problems differ."""
+    rows = [{"problem": i, "group": f"template {i % 5}"} for i in range(40)]
+    train, held = head_tools.split_by_group(rows, holdout=0.25, seed=3)
+    assert {r["group"] for r in train}.isdisjoint({r["group"] for r in held})
+    assert len(train) + len(held) == 40 and len({r["group"] for r in held}) == 1  # round(0.25 * 5) groups
+
+
 def test_training_separates_a_planted_signal_and_calibrates_on_held_out_problems(tmp_path):
     """Mismatches whose harm is a planted function of the hidden state: the head learns it (held-out
     AUC > 0.9); labels shuffled (a negative control) give AUC near 0.5 (bound: |AUC - 0.5| < 0.15
@@ -187,16 +206,16 @@ def test_training_separates_a_planted_signal_and_calibrates_on_held_out_problems
         harmful = (hidden[:, 0] + 0.5 * hidden[:, 1] > 0.3).int().tolist()
         if shuffle:
             random.Random(1).shuffle(harmful)
-        rows = [{"suite": "t", "problem": i // 4, "harmful": h, "hidden": judge_head._b64(x), "logp_draft": -1.0,
+        rows = [{"problem": i // 4, "group": i // 4, "harmful": h, "hidden": judge_head.to_base64(x), "logp_draft": -1.0,
                  "logp_top": -0.1} for i, (x, h) in enumerate(zip(hidden, harmful))]  # fmt: skip
         path = tmp_path / f"shard-{shuffle}.json"
         path.write_text(json.dumps({"target": identity.__dict__, "command": "test", "rows": rows}))
         return str(path)
 
     (tmp_path / "config.json").write_text(json.dumps(CONFIG))
-    head, report = judge_head.train([shard(False)], str(tmp_path), log=lambda _: None)
-    assert report["held_out_auc"] > 0.9 and head.threshold > 0
-    _, control = judge_head.train([shard(True)], str(tmp_path), log=lambda _: None)
+    head, report = head_tools.train([shard(False)], str(tmp_path), log=lambda _: None)
+    assert report["held_out_auc"] > 0.9 and report["bound"] is not None and len(head.calibration) == 8
+    _, control = head_tools.train([shard(True)], str(tmp_path), log=lambda _: None)
     assert abs(control["held_out_auc"] - 0.5) < 0.15
 
 
@@ -206,9 +225,9 @@ def test_labels_outcome_or_correctness():
         {"harmful": 1, "correct_before": True, "correct_after": False},
         {"harmful": 0, "correct_before": True, "correct_after": True},
     ]
-    assert judge_head.labelled(rows, "outcome") == rows
-    assert [r["harmful"] for r in judge_head.labelled(rows, "correctness")] == [1, 0]
+    assert head_tools.labelled(rows, "outcome") == rows
+    assert [r["harmful"] for r in head_tools.labelled(rows, "correctness")] == [1, 0]
     with pytest.raises(ValueError, match=r"label='vote' is invalid: allowed is one of \('outcome', 'correctness'\)"):
-        judge_head.labelled(rows, "vote")
+        head_tools.labelled(rows, "vote")
     with pytest.raises(ValueError, match="needs mined rows with correct_before"):
-        judge_head.labelled([{"harmful": 1}], "correctness")
+        head_tools.labelled([{"harmful": 1}], "correctness")

@@ -62,6 +62,8 @@ DOCS = {
     "judge_probes": "Judge probes PARSE asked (one per real boundary; window padding not counted).",
     "head_rounds": "PARSE request-rounds drafted by the EAGLE-3 head (eagle3_head).",
     "head_accepted": "Draft tokens of the EAGLE-3 head's rounds the target kept.",
+    "copy_rounds": "PARSE request-rounds that verified the request's retrieved copy (retrieval).",
+    "copy_accepted": "Copied tokens of those rounds PARSE kept.",
 }
 PROBE_SCORE = PREFIX + "probe_score"
 PROBE_SCORE_BUCKETS = tuple(round(0.1 * i, 1) for i in range(1, 11))

@@ -3,7 +3,7 @@
 Per scheduler, `Engine.get_server_info()["internal_states"][i]["parse"]` (HTTP `/server_info`
 likewise) is the PARSE worker's `ServerTotals.summary()`: counts since startup and the averages
 derived from them (shape: `parse_sglang/counters.py`), and on an adaptive server its measured
-cost table (`cost_table`: what `python -m parse_sglang.profile_cost` writes).
+cost table (`cost_table`: what `python -m parse_sglang.tools.profile_cost` writes).
 
 What it changes: an AFTER hook on SGLang's
 `SchedulerInternalStateController._add_speculative` (which adds `avg_spec_accept_length`)

@@ -1,7 +1,7 @@
-"""`python -m parse_sglang.profile_cost`: measure what a PARSE round costs at each adaptive
+"""`python -m parse_sglang.tools.profile_cost`: measure what a PARSE round costs at each adaptive
 tier and batch size on this machine, print the table, and write it for `cost_table`.
 
-    python -m parse_sglang.profile_cost --model-path T --draft-model-path D [--num-steps 32]
+    python -m parse_sglang.tools.profile_cost --model-path T --draft-model-path D [--num-steps 32]
         [--parse-config JSON] [--tiers 0 8 32] [--batch 1 8 32] [--max-new-tokens 48]
         [--out costs.json] [--engine-arg KEY=VALUE ...]
 
@@ -71,7 +71,9 @@ def profile(engine_kwargs: dict, config: ParseConfig, batches: Sequence[int], ma
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m parse_sglang.profile_cost", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m parse_sglang.tools.profile_cost", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--model-path", required=True)
     parser.add_argument("--draft-model-path", required=True)
     parser.add_argument("--num-steps", type=int, default=ParseConfig.draft_budget, help="L, the longest tier")

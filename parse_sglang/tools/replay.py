@@ -1,0 +1,86 @@
+"""The replay's command (`parse_sglang.replay`): replay traces under a machine's costs, or write a
+machine file from `parse_sglang.tools.profile_cost` tables.
+
+    python -m parse_sglang.tools.replay run TRACE.json [...] --machine MACHINE.json [--batches 8 32]
+        [--no-one-by-one] [--open-loop F] [--tiers 0 8 32] [--fixed 4 8 16 32] [--json]
+    python -m parse_sglang.tools.replay machine --tables COSTS.json [...] --catch-up FIXED_S PER_TOKEN_S
+        --source TEXT --out MACHINE.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Sequence
+
+from parse_sglang.adaptive import CostTable
+from parse_sglang.replay import Machine, Trace, replay
+from parse_sglang.settings import ParseConfig
+
+
+def make_machine(tables: Sequence[str], catch_up_fixed: float, catch_up_per_token: float, source: str) -> dict:
+    """A machine file's JSON: `profile_cost` tables merged (a cell in several: the last), the catch-up."""
+    merged = CostTable()
+    for path in tables:
+        table = CostTable.load(path)
+        merged.draft.update(table.draft)
+        merged.rest.update(table.rest)
+        merged.head.update(table.head)
+    return {"source": source, "table": merged.to_json(), "catch_up_fixed": catch_up_fixed,
+            "catch_up_per_token": catch_up_per_token}  # fmt: skip
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m parse_sglang.tools.replay",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="replay traces under a machine's costs")
+    run.add_argument("traces", nargs="+")
+    run.add_argument("--machine", required=True, help="cost JSON (`Machine.load`)")
+    run.add_argument("--batches", type=int, nargs="*", default=[8, 32])
+    run.add_argument("--no-one-by-one", action="store_true")
+    run.add_argument(
+        "--open-loop", type=float, default=None, help="F: arrivals at F x the target's closed batch-8 rate"
+    )
+    run.add_argument("--fixed", type=int, nargs="+", default=[4, 8, 16, 32])
+    run.add_argument("--tiers", type=int, nargs="+", default=None, help="the adaptive tiers (default: the package's)")
+    run.add_argument("--json", action="store_true")
+    machine = sub.add_parser("machine", help="write a machine file from profile_cost tables")
+    machine.add_argument("--tables", nargs="+", required=True, help="profile_cost --out files, later ones winning")
+    machine.add_argument("--catch-up", type=float, nargs=2, metavar=("FIXED_S", "PER_TOKEN_S"), required=True)
+    machine.add_argument("--source", required=True, help="what was measured, where and how")
+    machine.add_argument("--out", required=True)
+    args = parser.parse_args(argv)
+    if args.command == "machine":
+        try:
+            made = make_machine(args.tables, *args.catch_up, args.source)
+        except ValueError as err:
+            parser.error(str(err))
+        Path(args.out).write_text(json.dumps(made, indent=1) + "\n")
+        return 0
+    config = ParseConfig.from_dict({"adaptive": True, **({"adaptive_tiers": args.tiers} if args.tiers else {})})
+    machine = Machine.load(args.machine)
+    loads = ([] if args.no_one_by_one else ["one_by_one"]) + [f"batch:{b}" for b in args.batches]
+    loads += [f"open:{args.open_loop}"] if args.open_loop else []
+    for path in args.traces:
+        trace = Trace.load(path)
+        for load in loads:
+            row = replay(trace, machine, load, config, args.fixed)
+            if args.json:
+                print(json.dumps(row))
+                continue
+            cells = "  ".join(
+                f"{k} {v['x_target']:.3f}" for k, v in row.items() if isinstance(v, dict) and "x_target" in v
+            )
+            print(f"{trace.pair:>16} {load:>11}  {cells}  adaptive/best fixed ({row['best_fixed']}) "
+                  f"{row['adaptive_x_best_fixed']:.3f}")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
