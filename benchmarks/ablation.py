@@ -34,7 +34,6 @@ ABLATIONS = {
     "probes": {"PROBE_OVERHEAD": 0.0},  # after start-up, tier 0 is never left on a probe
     "probe backoff": {"PROBE_BACKOFF_MAX": 1},
     "output ends": {"OutputEnds.going": lambda self, lens, horizon: None},
-    "verify cut": {"CALIBRATED": float("inf")},
 }
 
 

@@ -19,7 +19,7 @@ outcome is seen (replayed in round order, rounds of all requests interleaved as 
   survival   adaptive.py's per-request survival counts (what the controller uses today; it
              sees no confidence), E[a | L]
   product    Σ_j Π_{i≤j} c_i from the round's own raw confidences
-  calibrated the same with each c mapped through `adaptive.Calibration` learned online from the
+  calibrated the same with each c mapped through `Calibration` (below) learned online from the
              rounds before
 with each one's mean absolute error and Pearson correlation to the actual a (`mae_*`, `r_*`).
 Nothing is timed: this is about prediction, not speed.
@@ -32,13 +32,76 @@ import json
 import math
 import statistics
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Optional, Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
-from parse_sglang.adaptive import CONFIDENCE_BINS, Acceptance, Calibration, PooledAcceptance  # noqa: E402
+from parse_sglang.adaptive import KeepRate, PooledKeepRate  # noqa: E402
+
+CONFIDENCE_BINS = 10  # buckets of the draft's top-1 probability, [k/10, (k+1)/10)
+CONFIDENCE_DECAY = 0.995  # weight of the past per reached draft position
+
+
+@dataclass
+class Calibration:
+    """P(a reached draft position is kept | the draft's confidence there): decayed counts per
+    confidence bucket over every request's rounds, each bucket's prior its own midpoint (one
+    position's worth). A position is reached when every draft token before it was kept."""
+
+    reached: list = field(default_factory=lambda: [0.0] * CONFIDENCE_BINS)
+    kept: list = field(default_factory=lambda: [0.0] * CONFIDENCE_BINS)
+
+    @staticmethod
+    def bin(confidence: float) -> int:
+        return min(int(confidence * CONFIDENCE_BINS), CONFIDENCE_BINS - 1)
+
+    def observe(self, confidence: torch.Tensor, drafted, accepted) -> None:
+        """A round's requests at once: confidence [n, L] on the host, drafted and accepted [n]
+        each; request i reached its first min(accepted + 1, drafted) positions and kept the first
+        accepted. Each reached position, in request-then-position order, decays its bucket's
+        counts by CONFIDENCE_DECAY and adds itself (the same as one position at a time: a
+        position with r later ones in its bucket this round weighs CONFIDENCE_DECAY ** r)."""
+        drafted, accepted = torch.as_tensor(drafted), torch.as_tensor(accepted)
+        column = torch.arange(confidence.shape[1])
+        reached = column < torch.minimum(accepted + 1, drafted)[:, None]  # [n, L]
+        if not reached.any():
+            return
+        bins = (confidence[reached].double() * CONFIDENCE_BINS).long().clamp(0, CONFIDENCE_BINS - 1)  # [m]
+        kept = (column < accepted[:, None])[reached].double()  # [m]
+        seen = torch.nn.functional.one_hot(bins, CONFIDENCE_BINS).double()  # [m, bins]
+        per_bin = seen.sum(dim=0)  # [bins]
+        later = per_bin[bins] - seen.cumsum(dim=0).gather(1, bins[:, None]).squeeze(1)  # [m]
+        weight = CONFIDENCE_DECAY**later
+        fade = CONFIDENCE_DECAY**per_bin
+        added = torch.zeros(CONFIDENCE_BINS, dtype=torch.float64).index_add_(0, bins, weight)
+        added_kept = torch.zeros(CONFIDENCE_BINS, dtype=torch.float64).index_add_(0, bins, weight * kept)
+        self.reached = (fade * torch.tensor(self.reached, dtype=torch.float64) + added).tolist()
+        self.kept = (fade * torch.tensor(self.kept, dtype=torch.float64) + added_kept).tolist()
+
+    def keep_rates(self) -> torch.Tensor:
+        """[CONFIDENCE_BINS] each bucket's keep rate."""
+        reached, kept = torch.tensor(self.reached), torch.tensor(self.kept)
+        midpoints = (torch.arange(CONFIDENCE_BINS) + 0.5) / CONFIDENCE_BINS
+        return (kept + midpoints) / (reached + 1.0)
+
+    def keep_rate(self, confidence: float) -> float:
+        return float(self.keep_rates()[self.bin(confidence)])
+
+    def expected(self, confidence: torch.Tensor, budgets: Optional[Sequence[int]] = None) -> torch.Tensor:
+        """[bs, L + 1] E[kept | length] for length = 0 .. L, confidence [bs, L] on the host: sums
+        of the survival S(j), the product of the calibrated keep rates up to j, a request's
+        positions past its budget (budgets [bs]) kept by none."""
+        bins = (confidence.double() * CONFIDENCE_BINS).long().clamp(0, CONFIDENCE_BINS - 1)  # as `bin` does
+        alive = self.keep_rates()[bins].cumprod(dim=1)  # [bs, L]
+        if budgets is not None:
+            alive = alive * (torch.arange(confidence.shape[1]) < torch.tensor(budgets)[:, None])
+        return torch.nn.functional.pad(alive.cumsum(dim=1), (1, 0))
+
+
 from parse_sglang.settings import ParseConfig, parse_engine_kwargs  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
@@ -85,8 +148,8 @@ def calibration(scores: list[float], labels: list[bool]) -> list[list]:
 def predictions(requests: list[list[dict]], longest: int) -> list[tuple[int, float, float, float]]:
     """(a, survival's, product's, calibrated's prediction) per round, each made before the
     round is observed; rounds replayed k-th of every request before any (k+1)-th."""
-    pooled, calib = PooledAcceptance(longest=longest), Calibration()
-    own = [Acceptance() for _ in requests]
+    pooled, calib = PooledKeepRate(longest=longest), Calibration()
+    own = [KeepRate() for _ in requests]
     out = []
     for k in range(max(map(len, requests), default=0)):
         for i, rounds in enumerate(requests):

@@ -14,7 +14,7 @@ Lossless, the draft's chain in a round that starts at output position p is greed
 text, so it matches the target for a(p) tokens, the run of matches starting at p: that one pass fixes
 what any round of any L keeps (`parse_sglang.replay`). Where the draft has parted from the target its
 own chain runs on its own token, so the confidences past a round's first mismatch are the teacher-
-forced ones (an approximation the controller reads only in `verify_length`). The target reads its own
+forced ones (no controller reads them). The target reads its own
 outputs the same way as a check (`self_match`: 1.0 in fp32; bf16 near-ties may part).
 
 The trace (JSON, `parse_sglang.replay.Trace`): per request its prompt length, `match` ("1" where

@@ -1,18 +1,17 @@
 """Each round's draft length chosen by measured cost (`adaptive: true`): the design, its
 settings and what it achieves are docs/adaptive.md.
 
-- `CostTable`: seconds of a round's draft part and of the rest, per (batch-size bucket, tier,
-  verify rows), measured from the worker's own rounds or loaded from `profile_cost`.
-- `Acceptance` / `PooledAcceptance`: each request's keep rate of a reached draft position, a
+- `cost_table.CostTable` (its own module): seconds of a round's draft part and of the rest, per
+  (batch-size bucket, tier, verify rows), measured from the worker's own rounds or loaded from
+  `profile_cost`.
+- `KeepRate` / `PooledKeepRate`: each request's keep rate of a reached draft position, a
   Beta posterior whose prior is the server's pooled rate (one pair for PARSE's draft, one for an
   EAGLE-3 head's).
-- `Calibration`: P(a draft token is kept | the draft's confidence in it), over every request's
-  unjudged rounds.
 - `OutputEnds`: where finished requests' outputs ended: a draft token past a request's end is
   worth nothing.
 - `AdaptiveDraftLength`: the `DraftLengthPolicy` choosing the tier with the most expected
-  tokens per expected second, probing out of tier 0 within a bounded loss, and, once the drafts
-  are on the host, where their verify stops (`verify_length`). With an EAGLE-3 head
+  tokens per expected second (with retrieval: and the requests that verify their copy), probing
+  out of tier 0 within a bounded loss. With an EAGLE-3 head
   (`eagle3_head`) the head tier `HEAD` is one more choice beside tier 0 and the drafting tiers,
   with its own cost cells and acceptance curves (docs/eagle3.md).
 """
@@ -21,19 +20,18 @@ from __future__ import annotations
 
 import collections
 import itertools
-import json
 import logging
 import math
 import statistics
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Optional, Sequence
 
 import torch
 
 from parse_sglang.acceptance import emitted_tokens
-from parse_sglang.draft_length import DraftLengthPolicy
+from parse_sglang.cost_table import SAMPLES, CostTable, bucket
+from parse_sglang.draft_length import HEAD, DraftLengthPolicy
 from parse_sglang.request_state import state_of
 from parse_sglang.retrieval import CopyKeep, window_length
 from parse_sglang.target_phase import phase_room
@@ -46,270 +44,15 @@ POOLED_DECAY = 0.98  # weight of the past, per request-round, of the server's po
 PRIOR_WEIGHT = 8.0  # positions' worth of the pooled rate a new request starts with
 PRIOR_WEIGHT_MIN = 0.05  # ... and what it keeps however long the request runs
 PRIOR_KEEP = 0.5  # the pooled keep rate before any round (one position's worth)
-SAMPLES = 5  # a cost cell is the median of its last SAMPLES rounds (robust to a busy machine's spikes)
-EXPLORE_SAMPLES = 2  # rounds that make a tier's cost in a bucket measured (after its warm-up)
 PROBE_OVERHEAD = 0.02  # a probe out of tier 0 may lose this share of the seconds since its kind last ran
 PROBE_BACKOFF_MAX = 32  # ... divided by 2 for each probe in a row that did not pay, down to 1 / PROBE_BACKOFF_MAX
 ENDED_KEPT = 128  # finished requests whose output lengths say where outputs end
 ENDED_PRIOR = 2.0  # requests' worth of an output that never ends, beside them
-CONFIDENCE_BINS = 10  # buckets of the draft's top-1 probability, [k/10, (k+1)/10)
-CONFIDENCE_DECAY = 0.995  # weight of the past per reached draft position, server-wide
-CALIBRATED = 64  # reached draft positions (decayed) the calibration needs before a verify is cut
-HEAD = -1  # the tier of a head round (`eagle3_head`): the head's k drafts, a chain-only verify
 DRAFTING = 1  # `_since`'s key of PARSE's drafting rounds (HEAD: of head rounds)
 
 
-def bucket(batch_size: int) -> int:
-    """The batch-size bucket costs are kept for: the next power of two."""
-    return 1 << max(batch_size - 1, 0).bit_length()
-
-
-def _interpolate(points: dict[int, float], x: int) -> Optional[float]:
-    """Piecewise-linear through measured (x, y) points, extended linearly past the ends (at
-    least 0); None without two points unless x itself was measured."""
-    if x in points:
-        return points[x]
-    xs = sorted(points)
-    if len(xs) < 2:
-        return None
-    lo = max([p for p in xs if p < x], default=None)
-    hi = min([p for p in xs if p > x], default=None)
-    if lo is None:
-        lo, hi = xs[0], xs[1]
-    elif hi is None:
-        lo, hi = xs[-2], xs[-1]
-    slope = (points[hi] - points[lo]) / (hi - lo)
-    return max(points[lo] + slope * (x - lo), 0.0)
-
-
-def _scaled_down(b: int, other: int) -> float:
-    """What bucket b takes of bucket `other`'s costs: a larger bucket's in proportion to the batch
-    (a round costs a request no less in a smaller batch, so this prices it low: it is tried, and
-    so measured), a smaller one's whole (low already)."""
-    return min(b / other, 1.0)
-
-
-def _estimate(points_of, x: int, nearest: list) -> Optional[float]:
-    """y at x from the first bucket of `nearest` (the batch's) or, where its points cannot
-    estimate x, the nearest bucket's that can (points_of(bucket) -> {x: y}); where the batch's
-    bucket holds one point, the other bucket's curve scaled to it: one cell gives the batch's
-    level, the fuller bucket the slope; where it holds none, the other bucket's `_scaled_down`
-    (unscaled, a large batch's round priced every smaller batch out of drafting for good)."""
-    own = points_of(nearest[0])
-    for b in nearest:
-        points = points_of(b)
-        value = _interpolate(points, x)
-        if value is None:
-            continue
-        if b != nearest[0] and len(own) == 1:
-            ((x0, y0),) = own.items()
-            reference = _interpolate(points, x0)
-            if reference:
-                value *= y0 / reference
-        elif not own:
-            value *= _scaled_down(nearest[0], b)
-        return value
-    return None
-
-
 @dataclass
-class CostTable:
-    """Measured seconds per round part (module docstring); `fixed`: loaded, never updated."""
-
-    draft: dict = field(default_factory=dict)  # (bucket, L) -> seconds to the drafts on the host
-    rest: dict = field(default_factory=dict)  # (bucket, verify rows) -> seconds to the result on the host
-    head: dict = field(default_factory=dict)  # bucket -> seconds of a head round's draft part (its tier HEAD)
-    fixed: bool = False
-    _samples: dict = field(default_factory=dict)  # (cells, key) -> [warm-up, the last SAMPLES seconds]
-    _measured: set = field(default_factory=set)  # (cells, key) that have had EXPLORE_SAMPLES counted samples
-
-    def observe(self, batch_size: int, tier: int, rows: int, draft_s: Optional[float], rest_s: Optional[float]) -> None:
-        """A round's seconds: its draft part and the rest (None: no sample of that cell, though
-        it may be the cell's uncounted warm-up round)."""
-        if self.fixed:
-            return
-        b = bucket(batch_size)
-        drafted = (self.head, b) if tier == HEAD else (self.draft, (b, tier))
-        for cells, key, value in ((*drafted, draft_s), (self.rest, (b, rows), rest_s)):
-            cell = (id(cells), key)
-            samples = self._samples.setdefault(cell, [])
-            if value is None and samples:  # no sample of the tier's cost, unless as its warm-up round
-                continue
-            samples.append(value)
-            if len(samples) == 1:  # the warm-up round: not counted
-                continue
-            del samples[1 : max(1, len(samples) - SAMPLES)]  # the warm-up marker and the last SAMPLES rounds
-            cells[key] = statistics.median(samples[1:])
-            if len(samples) > EXPLORE_SAMPLES:
-                self._measured.add(cell)
-
-    def cost(self, batch_size: int, tier: int, rows: int, steps: int = 1) -> Optional[float]:
-        """Seconds of a round at this tier and verify rows (`steps` verify passes: a tier-0
-        round's decode steps), from the batch's bucket or, where that cannot estimate it, the
-        nearest bucket that can (the smaller on a tie: a tier priced low is tried, and so
-        measured; one priced high never is); None where no bucket can yet.
-        - Tier 0 (decode steps) from tier-0 rounds only, the nearest bucket's that ran one: a
-          drafting round's fixed work (chain launch, the drafts' trip) is no part of a decode step.
-        - Drafting tiers from drafting cells (tier-0 cells only while no bucket holds two): a line
-          through a decode step's cell misprices long drafts. A bucket with one drafting cell takes
-          the nearest fuller bucket's curve, scaled to that cell (`_estimate`).
-        - The head tier from head rounds, the nearest bucket's; before any, as a tier-0 round of its
-          rows (its cheapest: a price that lets it be tried).
-        Another bucket's cells are `_scaled_down` to the batch."""
-        b = bucket(batch_size)
-        nearest = sorted({bb for bb, _ in self.draft} | {bb for bb, _ in self.rest} | {b},
-                         key=lambda bb: (abs(bb.bit_length() - b.bit_length()), bb))  # fmt: skip
-        if tier == HEAD:
-            for bb in sorted(self.head, key=lambda bb: (abs(bb.bit_length() - b.bit_length()), bb)):
-                rest = _interpolate(self._rest_points(bb), rows)
-                if rest is not None:
-                    head = self.head[bb]
-                    return (head + rest) * _scaled_down(b, bb)
-            tier = 0
-        if tier == 0:
-            ran = next((bb for bb in nearest if (bb, 0) in self.draft and (bb, rows) in self.rest), None)
-            if ran == b:
-                return self.draft[b, 0] + steps * self.rest[b, rows]
-            if ran is not None:
-                return (self.draft[ran, 0] + steps * self.rest[ran, rows]) * _scaled_down(b, ran)
-        for decode in (False, True):  # tier-0 cells only where no bucket holds two drafting ones (exploring)
-            draft = _estimate(lambda bb: self._draft_points(bb, decode), tier + 1, nearest)
-            rest = _estimate(lambda bb: self._rest_points(bb, decode), rows, nearest)
-            if draft is not None and rest is not None:
-                return draft + steps * rest
-        return None
-
-    def _draft_points(self, b: int, decode: bool = False) -> dict:
-        """{L + 1: seconds} of the bucket's drafting rounds' draft part (decode: tier 0's too)."""
-        return {L + 1: s for (c, L), s in self.draft.items() if c == b and (L > 0 or decode)}
-
-    def _rest_points(self, b: int, decode: bool = False) -> dict:
-        """{verify rows: seconds} of the bucket's rounds with drafts (decode: a decode step's one row too)."""
-        return {r: s for (c, r), s in self.rest.items() if c == b and (r > 1 or decode)}
-
-    def measured_tiers(self, batch_size: int) -> set[int]:
-        """Tiers whose draft cost in this bucket has rested on at least EXPLORE_SAMPLES rounds
-        (all of a loaded table's), HEAD among them."""
-        return {tier for cell, tier in self._draft_cells(batch_size) if self.fixed or cell in self._measured}
-
-    def _draft_cells(self, batch_size: int) -> list:
-        """[((cells, key), tier)] of the bucket's draft cells, the head's among them."""
-        b = bucket(batch_size)
-        cells = [((id(self.draft), (bb, L)), L) for (bb, L) in self.draft if bb == b]
-        return cells + ([((id(self.head), b), HEAD)] if b in self.head else [])
-
-    def explored(self) -> bool:
-        """Some bucket has two measured tiers (every bucket can then borrow its costs)."""
-        buckets = {b for b, _ in self.draft}
-        return any(len(self.measured_tiers(b)) >= 2 for b in buckets)
-
-    def to_json(self) -> dict:
-        return {
-            "draft": [{"bucket": b, "L": L, "seconds": s} for (b, L), s in sorted(self.draft.items())],
-            "rest": [{"bucket": b, "rows": r, "seconds": s} for (b, r), s in sorted(self.rest.items())],
-            "head": [{"bucket": b, "seconds": s} for b, s in sorted(self.head.items())],
-        }
-
-    @classmethod
-    def load(cls, path: str) -> "CostTable":
-        """A table `to_json` wrote (`profile_cost`), fixed; errors name the file and the problem."""
-        try:
-            raw = json.loads(Path(path).read_text())
-        except (OSError, ValueError) as err:
-            raise ValueError(
-                f"cost_table={path!r} is invalid ({type(err).__name__}: {err}): allowed is the JSON file "
-                "`python -m parse_sglang.tools.profile_cost` writes"
-            ) from None
-        return cls.from_json(raw, f"cost_table={path!r}")
-
-    @classmethod
-    def from_json(cls, raw, origin: str) -> "CostTable":
-        """A fixed table from `to_json`'s dict; errors name `origin` and the problem."""
-        try:
-            table = cls(
-                draft={(int(c["bucket"]), int(c["L"])): float(c["seconds"]) for c in raw["draft"]},
-                rest={(int(c["bucket"]), int(c["rows"])): float(c["seconds"]) for c in raw["rest"]},
-                head={int(c["bucket"]): float(c["seconds"]) for c in raw.get("head", ())},
-                fixed=True,
-            )
-        except (ValueError, KeyError, TypeError, AttributeError) as err:
-            raise ValueError(
-                f"{origin} is invalid ({type(err).__name__}: {err}): allowed is the JSON file "
-                "`python -m parse_sglang.tools.profile_cost` writes"
-            ) from None
-        if not table.draft or not table.rest:
-            raise ValueError(f"{origin} is invalid: it holds no measured cells")
-        return table
-
-    def describe(self) -> str:
-        """One line per bucket: seconds of the draft part per L and of the rest per verify rows."""
-        lines = []
-        for b in sorted({bb for bb, _ in self.draft} | {bb for bb, _ in self.rest}):
-            draft = ", ".join(f"L={L}: {s * 1e3:.1f}" for (bb, L), s in sorted(self.draft.items()) if bb == b)
-            rest = ", ".join(f"{r} rows: {s * 1e3:.1f}" for (bb, r), s in sorted(self.rest.items()) if bb == b)
-            head = f"; head draft ms {self.head[b] * 1e3:.1f}" if b in self.head else ""
-            lines.append(f"batch <= {b}: draft ms [{draft}]; verify and the rest ms [{rest}]{head}")
-        return "\n".join(lines) or "(no cell measured yet)"
-
-
-@dataclass
-class Calibration:
-    """P(a reached draft position is kept | the draft's confidence there): decayed counts per
-    confidence bucket over every request's rounds, each bucket's prior its own midpoint (one
-    position's worth). A position is reached when every draft token before it was kept."""
-
-    reached: list = field(default_factory=lambda: [0.0] * CONFIDENCE_BINS)
-    kept: list = field(default_factory=lambda: [0.0] * CONFIDENCE_BINS)
-
-    @staticmethod
-    def bin(confidence: float) -> int:
-        return min(int(confidence * CONFIDENCE_BINS), CONFIDENCE_BINS - 1)
-
-    def observe(self, confidence: torch.Tensor, drafted, accepted) -> None:
-        """A round's requests at once: confidence [n, L] on the host, drafted and accepted [n]
-        each; request i reached its first min(accepted + 1, drafted) positions and kept the first
-        accepted. Each reached position, in request-then-position order, decays its bucket's
-        counts by CONFIDENCE_DECAY and adds itself (the same as one position at a time: a
-        position with r later ones in its bucket this round weighs CONFIDENCE_DECAY ** r)."""
-        drafted, accepted = torch.as_tensor(drafted), torch.as_tensor(accepted)
-        column = torch.arange(confidence.shape[1])
-        reached = column < torch.minimum(accepted + 1, drafted)[:, None]  # [n, L]
-        if not reached.any():
-            return
-        bins = (confidence[reached].double() * CONFIDENCE_BINS).long().clamp(0, CONFIDENCE_BINS - 1)  # [m]
-        kept = (column < accepted[:, None])[reached].double()  # [m]
-        seen = torch.nn.functional.one_hot(bins, CONFIDENCE_BINS).double()  # [m, bins]
-        per_bin = seen.sum(dim=0)  # [bins]
-        later = per_bin[bins] - seen.cumsum(dim=0).gather(1, bins[:, None]).squeeze(1)  # [m]
-        weight = CONFIDENCE_DECAY**later
-        fade = CONFIDENCE_DECAY**per_bin
-        added = torch.zeros(CONFIDENCE_BINS, dtype=torch.float64).index_add_(0, bins, weight)
-        added_kept = torch.zeros(CONFIDENCE_BINS, dtype=torch.float64).index_add_(0, bins, weight * kept)
-        self.reached = (fade * torch.tensor(self.reached, dtype=torch.float64) + added).tolist()
-        self.kept = (fade * torch.tensor(self.kept, dtype=torch.float64) + added_kept).tolist()
-
-    def keep_rates(self) -> torch.Tensor:
-        """[CONFIDENCE_BINS] each bucket's keep rate."""
-        reached, kept = torch.tensor(self.reached), torch.tensor(self.kept)
-        midpoints = (torch.arange(CONFIDENCE_BINS) + 0.5) / CONFIDENCE_BINS
-        return (kept + midpoints) / (reached + 1.0)
-
-    def keep_rate(self, confidence: float) -> float:
-        return float(self.keep_rates()[self.bin(confidence)])
-
-    def expected(self, confidence: torch.Tensor, budgets: Optional[Sequence[int]] = None) -> torch.Tensor:
-        """[bs, L + 1] E[kept | length] for length = 0 .. L, confidence [bs, L] on the host: sums
-        of the survival S(j), the product of the calibrated keep rates up to j, a request's
-        positions past its budget (budgets [bs]) kept by none."""
-        bins = (confidence.double() * CONFIDENCE_BINS).long().clamp(0, CONFIDENCE_BINS - 1)  # as `bin` does
-        alive = self.keep_rates()[bins].cumprod(dim=1)  # [bs, L]
-        if budgets is not None:
-            alive = alive * (torch.arange(confidence.shape[1]) < torch.tensor(budgets)[:, None])
-        return torch.nn.functional.pad(alive.cumsum(dim=1), (1, 0))
-
-
-@dataclass
-class PooledAcceptance:
+class PooledKeepRate:
     """The server's keep rate of a reached draft position, over every request's rounds: decayed
     counts (POOLED_DECAY per request-round), PRIOR_KEEP one position's worth before any; a new
     request's prior."""
@@ -332,7 +75,7 @@ class PooledAcceptance:
 
 
 @dataclass
-class Acceptance:
+class KeepRate:
     """A request's keep rate r of a reached draft position, unknown, Beta(a, b): a (b) its kept
     (rejected) positions decayed by DECAY per round, plus `prior_weight` positions' worth of the
     pooled rate. A round of L keeps its j-th token with E[r^j] = prod_{i<j} (a + i) / (a + b + i):
@@ -346,17 +89,17 @@ class Acceptance:
     _sums: list = field(default_factory=list)  # E[accepted | L] for L = 0 .. longest
     _version: int = -1  # the pooled version the curve was made with
 
-    def expected(self, length: int, pooled: PooledAcceptance) -> float:
+    def expected(self, length: int, pooled: PooledKeepRate) -> float:
         """E[draft tokens accepted] of a round drafting `length` tokens: the sum of S(1..length)."""
         self._update(pooled)
         return self._sums[min(max(length, 0), len(self._sums) - 1)]
 
-    def alive(self, pooled: PooledAcceptance) -> list:
+    def alive(self, pooled: PooledKeepRate) -> list:
         """[1, S(1), S(2), ...] up to the longest tier: the chance that each draft position is kept."""
         self._update(pooled)
         return self._alive
 
-    def _update(self, pooled: PooledAcceptance) -> None:
+    def _update(self, pooled: PooledKeepRate) -> None:
         if self._version != pooled.version:
             a = self.kept + self.prior_weight * pooled.rate()
             b = self.rejected + self.prior_weight * (1.0 - pooled.rate())
@@ -416,7 +159,7 @@ class OutputEnds:
 
 class AdaptiveDraftLength(DraftLengthPolicy):
     """Each round, the tier with the most expected tokens per expected second (docs/adaptive.md):
-    tokens from each request's keep rate (`Acceptance`) within where outputs end (`OutputEnds`),
+    tokens from each request's keep rate (`KeepRate`) within where outputs end (`OutputEnds`),
     seconds from the cost table plus a drafting round's catch-up (`_catch_up_seconds`). Exploration
     (`_explore`): the shortest drafting tier, then tier 0, until both are measured; after that a
     probe out of tier 0 where what it may lose fits in PROBE_OVERHEAD of the seconds since that
@@ -429,10 +172,9 @@ class AdaptiveDraftLength(DraftLengthPolicy):
         self.clock = clock  # seconds, what the round's costs are measured by (`parse_sglang.replay`: simulated)
         self.tiers = sorted(set(tiers))
         self.costs = costs
-        self.pooled = PooledAcceptance(longest=self.tiers[-1])
+        self.pooled = PooledKeepRate(longest=self.tiers[-1])
         self.head_steps = head_steps  # k of an EAGLE-3 head (the tier HEAD); None: no head
-        self.head_pooled = PooledAcceptance(longest=head_steps or 0)  # the head's pooled curve
-        self.calibration = Calibration()  # P(kept | the draft's confidence), every request's rounds
+        self.head_pooled = PooledKeepRate(longest=head_steps or 0)  # the head's pooled curve
         self.copy_keep = CopyKeep()  # P(kept | a copy's match length), every request's copies (`retrieval`)
         self.copying = ()  # [bs] this round's requests that verify their copy (`choose`)
         self._copies = None  # this round's `retrieval.Copy` per request
@@ -459,19 +201,19 @@ class AdaptiveDraftLength(DraftLengthPolicy):
         )
         return cls(config.tiers, costs, config.eagle3_steps if config.eagle3_head else None)
 
-    def acceptance(self, req) -> Acceptance:
+    def keep_rate(self, req) -> KeepRate:
         """The request's curve of PARSE's draft."""
         state = state_of(req)
-        if state.acceptance is None:
-            state.acceptance = Acceptance()
-        return state.acceptance
+        if state.keep_rate is None:
+            state.keep_rate = KeepRate()
+        return state.keep_rate
 
-    def head_acceptance(self, req) -> Acceptance:
+    def head_keep_rate(self, req) -> KeepRate:
         """The request's curve of the head's drafts."""
         state = state_of(req)
-        if state.head_acceptance is None:
-            state.head_acceptance = Acceptance()
-        return state.head_acceptance
+        if state.head_keep_rate is None:
+            state.head_keep_rate = KeepRate()
+        return state.head_keep_rate
 
     def choose(self, reqs, policies, rows_of, steps: int = 1, copies=None) -> int:
         """The tier of this round (HEAD: a head round): reqs and their `RequestPolicy`s;
@@ -484,26 +226,6 @@ class AdaptiveDraftLength(DraftLengthPolicy):
         going = self.ends.going([p.output_len for p in policies], max(self.tiers[-1], self.head_steps or 0, steps))
         self._tier = self._best_tier(reqs, policies, rows_of, steps, going)
         return self._tier
-
-    def verify_length(self, policies, confidence, rows_of) -> int:
-        """The tier (at most the drafted L) whose verify gives the batch the most expected tokens
-        per second of the whole round: the draft part is spent, the rest is priced per verify rows;
-        each request's expected kept tokens are sums of its calibrated confidences' products (one
-        global choice: every request of a batch verifies the same rows)."""
-        bs, drafted = confidence.shape
-        shorter = [t for t in self.tiers if 0 < t < drafted]
-        if not shorter or sum(self.calibration.reached) < CALIBRATED or any(p.judged for p in policies):
-            return drafted  # a judge keeps text the draft was unsure of: confidence does not predict it
-        tokens = bs + self.calibration.expected(confidence, [p.budget for p in policies]).sum(dim=0)  # [L + 1]
-        best, best_rate = drafted, 0.0
-        for length in [drafted, *reversed(shorter)]:  # ties: the longer
-            cost = self.costs.cost(bs, drafted, rows_of(length))
-            if cost is None or cost <= 0:
-                return drafted
-            rate = float(tokens[length]) / cost
-            if rate > best_rate:
-                best, best_rate = length, rate
-        return best
 
     def _rows(self, tier: int, rows_of) -> int:
         """Verify rows per request at a tier: a head round's are its k + 1 chain rows."""
@@ -519,9 +241,9 @@ class AdaptiveDraftLength(DraftLengthPolicy):
             ones = torch.ones(len(policies), steps, dtype=torch.float64) if going is None else going[:, :steps]
             return (ones * (torch.arange(steps) < counts[:, None])).sum(dim=1)
         curve, pooled, k = (
-            (self.head_acceptance, self.head_pooled, self.head_steps)
+            (self.head_keep_rate, self.head_pooled, self.head_steps)
             if tier == HEAD
-            else (self.acceptance, self.pooled, tier)
+            else (self.keep_rate, self.pooled, tier)
         )
         alive = torch.tensor([curve(req).alive(pooled)[: k + 1] for req in reqs], dtype=torch.float64)  # [bs, k + 1]
         return _emitted(alive, policies, k, going)
@@ -662,17 +384,12 @@ class AdaptiveDraftLength(DraftLengthPolicy):
             self._backoff[kind] = 1 if paid else min(2 * self._backoff[kind], PROBE_BACKOFF_MAX)
         else:
             self._backoff[kind] = 1
-        curve, pooled = (self.head_acceptance, self.head_pooled) if tier == HEAD else (self.acceptance, self.pooled)
+        curve, pooled = (self.head_keep_rate, self.head_pooled) if tier == HEAD else (self.keep_rate, self.pooled)
         for req, drafted, accepted, used in zip(reqs, plan.draft_lens.tolist(), result.lengths, copying):
             if drafted and not used:
                 own = curve(req)
                 pooled.observe(drafted, accepted, own.prior_weight / PRIOR_WEIGHT)  # (its weight before this round)
                 own.observe(drafted, accepted)
-        if tier != HEAD:
-            exact = ~plan.judged & ~torch.tensor(copying, dtype=torch.bool)  # the draft's own, unjudged rounds
-            self.calibration.observe(
-                plan.confidence[exact], plan.draft_lens[exact], torch.tensor(result.lengths)[exact]
-            )
 
 
 def _emitted(alive: torch.Tensor, policies, k: int, going: Optional[torch.Tensor]) -> torch.Tensor:

@@ -4,14 +4,14 @@ after it (`after_round`); what it measures, it times itself (docs/adaptive.md).
 - `FixedDraftLength`: every round drafts the server's L (`adaptive: false`).
 - `adaptive.AdaptiveDraftLength` (`adaptive: true`): the tier whose expected tokens per second,
   by its measured costs and each request's acceptance so far, is the best, and the requests that
-  verify their retrieved copy instead (`retrieval: true`, parse_sglang/retrieval.py); once the drafts and
-  their confidences are on the host, the verify may stop at a shorter tier where the calibrated
-  confidences say the rest will not survive (`verify_length`).
+  verify their retrieved copy instead (`retrieval: true`, parse_sglang/retrieval.py).
 """
 
 from __future__ import annotations
 
 from typing import Callable, Sequence
+
+HEAD = -1  # the tier of a head round (`eagle3_head`): the head's k drafts, a chain-only verify
 
 
 class DraftLengthPolicy:
@@ -27,11 +27,6 @@ class DraftLengthPolicy:
     def drafts_on_host(self, caught_up: int = 0) -> None:
         """The round's drafts reached the host: its draft part ends; caught_up > 0: it held a
         catch-up over that many tokens the draft missed (`Draft.caught_up`), no cost of the round's tier."""
-
-    def verify_length(self, policies: Sequence, confidence, rows_of: Callable[[int], int]) -> int:
-        """How many of the L drafted tokens the round verifies (at most L); confidence [bs, L] on
-        the host: the draft's top-1 probability at each draft token."""
-        return confidence.shape[1]
 
     def after_round(self, reqs, window, result, steps: int) -> None:
         """The round's `window_plan.Window` and its host result (`acceptance.RoundResult`);

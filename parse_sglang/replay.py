@@ -14,8 +14,8 @@ policy state kept between them), an open loop (Poisson arrivals). Against: the t
 rounds can serve a request in alone (a bound at batch 1: no policy beats it under the same costs).
 
 What is not modelled: the target's prefill (the same for every policy; the draft's share of it is
-priced as a catch-up), the judge (lossless only), and the draft's confidences past a round's
-first mismatch (the trace's teacher-forced ones; they only move `verify_length`).
+priced as a catch-up), the judge (lossless only), and retrieval's copies (a trace records the
+draft model's matches only).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
-from parse_sglang.adaptive import CostTable
+from parse_sglang.cost_table import CostTable
 from parse_sglang.draft_length import DraftLengthPolicy, FixedDraftLength
 from parse_sglang.settings import ParseConfig
 from parse_sglang.request_state import RequestPolicy, state_of
@@ -151,7 +151,6 @@ class _Shape:
 @dataclass(frozen=True)
 class _Plan:
     draft_lens: torch.Tensor  # [bs]
-    confidence: torch.Tensor  # [bs, L]
     judged: torch.Tensor  # [bs] bool
 
 
@@ -211,17 +210,12 @@ def serve(policy: DraftLengthPolicy, trace: Trace, machine: Machine, config: Par
         else:
             behind = sum(state_of(r).draft_behind for r in running)
             clock[0] += machine.draft(bs, tier) + machine.catch_up(behind)
-            confidence = torch.zeros(bs, tier)
-            for i, r in enumerate(running):
-                conf = r.trace.confidence[r.n : r.n + tier]
-                confidence[i, : len(conf)] = torch.tensor(conf, dtype=torch.float32) / 1000
             policy.drafts_on_host(behind)
-            verified = policy.verify_length(policies, confidence, rows_of)
-            clock[0] += machine.rest(bs, tier, rows_of(verified))
+            clock[0] += machine.rest(bs, tier, rows_of(tier))
             lens, lengths, emitted = [], [], []
             for r, p in zip(running, policies):
                 state_of(r).draft_behind = 0
-                drafted = min(verified, p.budget)
+                drafted = min(tier, p.budget)
                 run = r.trace.run(r.n)  # a stop token the draft matched ends its draft (`cut_at_stop`)
                 stop_at = next((j + 1 for j in range(min(run, drafted)) if _token(r, r.n + j) == STOP), drafted)
                 drafted = min(drafted, stop_at)
@@ -230,8 +224,7 @@ def serve(policy: DraftLengthPolicy, trace: Trace, machine: Machine, config: Par
                 lengths.append(kept)
                 emitted.append([_token(r, r.n + j) for j in range(kept + 1)])
                 served.drafted_tokens += tier
-            window = _Window(_Shape(rows_of(verified)), _Plan(torch.tensor(lens), confidence[:, :verified],
-                                                             torch.zeros(bs, dtype=torch.bool)))  # fmt: skip
+            window = _Window(_Shape(rows_of(tier)), _Plan(torch.tensor(lens), torch.zeros(bs, dtype=torch.bool)))
         if not target_only:
             policy.after_round(running, window, _Result(emitted, lengths), steps if tier == 0 else 1)
         deferred = tier == 0 and not isinstance(policy, FixedDraftLength)

@@ -23,8 +23,8 @@ class ResolvedRequest:
 class RequestState:
     resolved: Optional[ResolvedRequest] = None  # None until its first round
     stats: Optional[dict] = None  # its meta_info["parse"] counters (counters.py); None until its first round
-    acceptance: Optional[object] = None  # adaptive.Acceptance: its accepted lengths so far (an adaptive server's)
-    head_acceptance: Optional[object] = None  # adaptive.Acceptance of its head rounds (`eagle3_head`)
+    keep_rate: Optional[object] = None  # adaptive.KeepRate: its kept drafts so far (an adaptive server's)
+    head_keep_rate: Optional[object] = None  # adaptive.KeepRate of its head rounds (`eagle3_head`)
     target_phase: Optional[list] = None  # tokens of its current target phase (target_phase.py); None: not in one
     draft_behind: int = 0  # committed tokens whose draft KV tier-0 rounds skipped (draft_chain.py)
     text_index: Optional[object] = None  # retrieval.SuffixAutomaton of its prompt and output (retrieval.py)

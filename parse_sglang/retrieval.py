@@ -161,7 +161,7 @@ class CopyKeep:
     """P(a reached copied token is kept | its copy's match length): per bin of MATCH_BINS, decayed
     (KEEP_DECAY per copy) kept and rejected positions and a Beta(KEEP_PRIOR) prior; a copy of n
     tokens keeps its j-th with E[r^j] = prod_{i<j} (a + i) / (a + b + i), as a request's draft curve
-    does (`adaptive.Acceptance`)."""
+    does (`adaptive.KeepRate`)."""
 
     kept: list = field(default_factory=lambda: [0.0] * (len(MATCH_BINS) + 1))
     rejected: list = field(default_factory=lambda: [0.0] * (len(MATCH_BINS) + 1))

@@ -134,7 +134,7 @@ def validate_parse_server_args(sa) -> None:
     if config.tier0_steps != ParseConfig.tier0_steps and not config.adaptive:
         _refuse("--parse-config tier0_steps", config.tier0_steps, 'unset unless "adaptive": true')
     if config.cost_table:  # and here if the cost table cannot be read
-        from parse_sglang.adaptive import CostTable
+        from parse_sglang.cost_table import CostTable
 
         if not config.adaptive:
             _refuse("--parse-config cost_table", config.cost_table, 'unset unless "adaptive": true')

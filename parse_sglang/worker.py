@@ -65,7 +65,8 @@ from sglang.srt.server_args import ServerArgs
 from sglang.srt.speculative.base_spec_worker import BaseSpecWorker
 
 from parse_sglang.acceptance import Accepted, round_result
-from parse_sglang.adaptive import HEAD, AdaptiveDraftLength
+from parse_sglang.adaptive import AdaptiveDraftLength
+from parse_sglang.draft_length import HEAD
 from parse_sglang.attention.window import WindowGeometry, shape_constants
 from parse_sglang.boundaries import TokenTexts
 from parse_sglang.counters import ServerTotals, record_round_stats
@@ -76,7 +77,7 @@ from parse_sglang.judge import answer_columns
 from parse_sglang.judge_head import load as load_judge_head
 from parse_sglang.packing import fields_of, pack, unpack
 from parse_sglang.retrieval import Retrieval, window_length, with_copies
-from parse_sglang.round_acceptance import accept_round
+from parse_sglang.verify_accept import accept_round
 from parse_sglang.scheduler_patches.verify_graph import VerifyGraphs
 from parse_sglang.settings import (
     ParseConfig,
@@ -195,8 +196,8 @@ class ParseWorker(WorkerSetup, BaseSpecWorker):
         set_lengths(batch, committed)
         drafts, head_graphed = self.head.draft(batch, committed, self.req_to_token_pool)  # [bs, k]
         exact = [dataclasses.replace(p, judged=False) for p in policies]
-        no_confidence = torch.ones_like(drafts, dtype=torch.float32)  # the verify is never cut
-        window = self._plan_window(committed, Draft(drafts, no_confidence, None, head_graphed), exact, cut=False)
+        no_confidence = torch.ones_like(drafts, dtype=torch.float32)  # the head's confidence is not read
+        window = self._plan_window(committed, Draft(drafts, no_confidence, None, head_graphed), exact)
         chain_logits, probe_logits, verify_graphed = self._verify(batch, committed, window)
         accepted = self._accept(batch, committed, window, chain_logits, probe_logits, None)
         accepted = self.tp.share_accepted(accepted)
@@ -294,24 +295,17 @@ class ParseWorker(WorkerSetup, BaseSpecWorker):
         set_lengths(batch, committed)
         return self._draft_worker.draft(batch, committed.last_tokens, committed.rows, length)
 
-    def _plan_window(self, committed: Committed, draft: Draft, policies, copies=None, width: int = 0,
-                     cut: bool = True) -> Window:  # fmt: skip
+    def _plan_window(self, committed: Committed, draft: Draft, policies, copies=None, width: int = 0) -> Window:
         """Boundaries per request (the drafts' and their confidences' one trip to the host, packed),
         then one device-built window for all of them (the plan's one trip to the device). The
-        window holds the first `verify_length` drafts: all L, or (`cut`) an adaptive server's shorter
-        tier where the confidences say the rest will not survive (a host decision: no copy); or,
-        where the controller chose copies (`copying`), `width` rows of drafts and copies."""
+        window holds the L drafts or, where the controller chose copies (`copying`), `width` rows
+        of drafts and copies."""
         drafted = [draft.tokens, draft.confidence]  # [bs, L] each
         drafts_host, confidence_host = unpack(pack(drafted).cpu(), fields_of(drafted))
         self.draft_length.drafts_on_host(draft.caught_up)  # the end of the round's draft part (its measured cost)
         copying, counts = self.draft_length.copying, None
         if any(copying):  # [bs, width]: each row its draft or its copy, then padding no request may keep
             drafts_host, confidence_host, counts = with_copies(drafts_host, confidence_host, copies, copying, width)
-            cut = False
-        if cut and drafts_host.shape[1]:
-            verified = self.draft_length.verify_length(policies, confidence_host, self._rows_of(policies))
-            (verified,) = self._shared(verified)
-            drafts_host, confidence_host = drafts_host[:, :verified], confidence_host[:, :verified]
         return plan_window(
             drafts_host=drafts_host,
             confidence_host=confidence_host,
@@ -342,7 +336,7 @@ class ParseWorker(WorkerSetup, BaseSpecWorker):
         return chain, probes, graphed
 
     def _accept(self, batch, committed: Committed, window: Window, chain_logits, probe_logits, proposals):
-        """7.-8. SGLang's chain verification, the judge's extension, the bonus (`round_acceptance`);
+        """7.-8. SGLang's chain verification, the judge's extension, the bonus (`verify_accept`);
         proposals: [bs, L, V] of every draft token, the verified ones read."""
         chain = self.constants.chain_view(window.chain_tokens)
         if proposals is not None:

@@ -18,18 +18,15 @@ from parse_sglang.adaptive import (
     DECAY,
     DRAFTING,
     ENDED_PRIOR,
-    EXPLORE_SAMPLES,
-    HEAD,
     PRIOR_WEIGHT,
     PROBE_OVERHEAD,
-    SAMPLES,
-    Acceptance,
     AdaptiveDraftLength,
-    CostTable,
+    KeepRate,
     OutputEnds,
-    PooledAcceptance,
-    bucket,
+    PooledKeepRate,
 )
+from parse_sglang.cost_table import EXPLORE_SAMPLES, SAMPLES, CostTable, bucket
+from parse_sglang.draft_length import HEAD
 from parse_sglang.tools.profile_cost import main as profile_cost_main
 from parse_sglang.settings import ParseConfig, server_parse_config
 
@@ -294,53 +291,6 @@ def test_draft_tokens_past_where_outputs_end_are_worth_nothing():
     assert controller.choose([SimpleNamespace()], [early], rows_of) == 32
 
 
-def test_the_verify_stops_where_calibrated_confidence_says_the_draft_will_not_survive():
-    """After L = 32 is drafted, the verify keeps the tier whose expected tokens (sums of the
-    calibrated confidences' products) per second of the whole round are the best: where a row
-    costs as much as a draft step and every request's confidence drops after position 4, it
-    verifies 4; where it stays high, all 32 (or the requests' budget); before the calibration
-    has seen enough positions, all 32."""
-    confident = [0.95] * 4 + [0.05] * 28
-    reqs = [SimpleNamespace() for _ in range(2)]
-    controller = AdaptiveDraftLength(TIERS, linear_costs(step_s=0.002, verify_s=0.004, row_s=0.002))
-    assert controller.verify_length(policies(2), torch.tensor([confident] * 2), rows_of) == 32  # not calibrated
-    for _ in range(20):  # high confidence is kept, low is not
-        controller.calibration.observe(torch.tensor([[0.95] * 4 + [0.05]]), [5], [4])
-    assert controller.calibration.keep_rate(0.95) > 0.9 and controller.calibration.keep_rate(0.05) < 0.1
-    assert controller.verify_length(policies(2), torch.tensor([confident] * 2), rows_of) == 4
-    assert controller.verify_length(policies(2), torch.tensor([[0.95] * 32] * 2), rows_of) == 32
-    assert controller.verify_length(policies(2, budget=8), torch.tensor([[0.95] * 32] * 2), rows_of) == 8
-    # what a round verified is what the calibration and the survival curves learn from
-    plan = SimpleNamespace(draft_lens=torch.tensor([4, 4]), confidence=torch.tensor([[0.55] * 4] * 2),
-                           judged=torch.tensor([False, True]))  # fmt: skip
-    before = list(controller.calibration.reached)
-    controller.observe(reqs, 32, rows_of(4), plan, SimpleNamespace(lengths=[2, 4]), 0.0, 0.0)
-    assert sum(controller.calibration.reached) - sum(before) == pytest.approx(3, abs=0.5)  # the judged one: not
-    assert controller.verify_length(policies(2, judged=True), torch.tensor([confident] * 2), rows_of) == 32
-
-
-def test_calibration_observes_a_round_as_one_position_at_a_time():
-    """The vectorized observation of a round equals decaying and counting each reached position
-    in turn (request by request, position by position), the reference written as a loop."""
-    from parse_sglang.adaptive import CONFIDENCE_BINS, CONFIDENCE_DECAY, Calibration
-
-    generator = torch.Generator().manual_seed(0)
-    calibration, reference = Calibration(), Calibration()
-    for _ in range(5):
-        confidence = torch.rand(6, 8, generator=generator)
-        drafted = torch.randint(0, 9, (6,), generator=generator)
-        accepted = torch.minimum(torch.randint(0, 9, (6,), generator=generator), drafted)
-        calibration.observe(confidence, drafted, accepted)
-        for row, n, a in zip(confidence.tolist(), drafted.tolist(), accepted.tolist()):
-            for j, c in enumerate(row[: min(a + 1, n)]):
-                b = min(int(c * CONFIDENCE_BINS), CONFIDENCE_BINS - 1)
-                reference.reached[b] = CONFIDENCE_DECAY * reference.reached[b] + 1.0
-                reference.kept[b] = CONFIDENCE_DECAY * reference.kept[b] + float(j < a)
-    assert calibration.reached == pytest.approx(reference.reached, rel=1e-12)
-    assert calibration.kept == pytest.approx(reference.kept, rel=1e-12)
-    assert sum(reference.reached) > 20  # the rounds reached positions in several buckets
-
-
 @pytest.mark.parametrize(
     "values, message",
     [
@@ -491,8 +441,8 @@ def test_the_head_tier_has_its_own_cost_cells_and_acceptance(tmp_path):
     reqs = [SimpleNamespace(), SimpleNamespace()]
     assert controller.choose(reqs, policies(2), rows_of) == HEAD
     head_round(controller, reqs, [3, 1])
-    assert reqs[1].parse.head_acceptance.expected(3, controller.head_pooled) < 2.5
-    own = reqs[1].parse.acceptance  # made when the tiers were valued, never observed by a head round
+    assert reqs[1].parse.head_keep_rate.expected(3, controller.head_pooled) < 2.5
+    own = reqs[1].parse.keep_rate  # made when the tiers were valued, never observed by a head round
     assert own.kept == own.rejected == 0.0 and own.prior_weight == PRIOR_WEIGHT, "a head round is no round of PARSE's"
     assert controller._since[DRAFTING] == pytest.approx(costs.cost(2, HEAD, 4)), (
         "a head round drafts nothing of PARSE's"
@@ -534,10 +484,9 @@ def test_draft_length_policies_fixed_and_adaptive():
     )
     window = SimpleNamespace(shape=SimpleNamespace(draft_len=8, rows=9), plan=plan)
     adaptive.after_round([req], window, SimpleNamespace(lengths=[5], emitted=[[7] * 9]), steps=1)
-    assert req.parse.acceptance.prior_weight < Acceptance().prior_weight  # the request's own estimate saw the round
-    assert req.parse.acceptance.kept == 5 and req.parse.acceptance.rejected == 1
+    assert req.parse.keep_rate.prior_weight < KeepRate().prior_weight  # the request's own estimate saw the round
+    assert req.parse.keep_rate.kept == 5 and req.parse.keep_rate.rejected == 1
     assert not adaptive.ends.finished  # 6 of its 9 tokens left: still running
-    assert sum(adaptive.calibration.reached) == pytest.approx(6, abs=0.1)  # and the calibration: 6 reached, 5 kept
     assert adaptive.server_state()["cost_table"] == adaptive.costs.to_json()
 
 
@@ -546,7 +495,7 @@ def test_a_requests_acceptance_is_a_run_at_an_unknown_rate():
     positions, decayed by DECAY a round, plus PRIOR_WEIGHT positions at the pooled rate. A round
     of L expects sum_j prod_{i<j} (a + i) / (a + b + i) tokens: the chance of a run of j, which
     is more than the mean rate to the j-th (a request that kept all so far is valued past them)."""
-    pooled, own = PooledAcceptance(longest=32), Acceptance()
+    pooled, own = PooledKeepRate(longest=32), KeepRate()
     assert pooled.rate() == pytest.approx(0.5)  # PRIOR_KEEP before any round
 
     def run(a, b, L):
@@ -577,7 +526,7 @@ def test_the_pool_weighs_each_requests_rounds_by_its_prior_weight():
     observe(controller, batch, 32, [32] * 32)
     for _ in range(20):
         observe(controller, batch[:3], 32, [6] * 3)
-    alike = PooledAcceptance(longest=32)
+    alike = PooledKeepRate(longest=32)
     for _ in range(32):
         alike.observe(32, 32)
     for _ in range(60):
@@ -594,7 +543,7 @@ def test_the_controller_runs_the_tier_with_the_most_tokens_per_second():
             controller.pooled.observe(32, keep(32))
         rates = {}
         for tier in TIERS:
-            tokens = 1 + controller.acceptance(SimpleNamespace()).expected(tier, controller.pooled) if tier else 4
+            tokens = 1 + controller.keep_rate(SimpleNamespace()).expected(tier, controller.pooled) if tier else 4
             rates[tier] = tokens / controller.costs.cost(1, tier, rows_of(tier), 4 if tier == 0 else 1)
         assert controller.choose([SimpleNamespace()], policies(1), rows_of, steps=4) == want
         assert max(rates, key=rates.get) == want, rates

@@ -6,9 +6,10 @@ from __future__ import annotations
 import random
 
 import pytest
+import torch
 
 from conftest import load_benchmark
-from parse_sglang.adaptive import Acceptance, PooledAcceptance
+from parse_sglang.adaptive import KeepRate, PooledKeepRate
 
 bench = load_benchmark("confidence")
 
@@ -51,13 +52,33 @@ def test_a_draft_whose_confidence_is_its_keep_rate_is_predicted_by_it_and_not_by
 
 
 def test_the_survival_prediction_is_the_controllers_own():
-    """The replayed survival counts are adaptive.py's Acceptance and PooledAcceptance, observed
+    """The replayed survival counts are adaptive.py's KeepRate and PooledKeepRate, observed
     round by round: the first prediction is the prior's, the second has seen the first round."""
     rounds = [{"draft": [1] * 4, "confidence": [0.9] * 4, "accepted": a} for a in (4, 1, 3)]
     preds = bench.predictions([rounds], 4)
-    pooled, own = PooledAcceptance(longest=4), Acceptance()
+    pooled, own = PooledKeepRate(longest=4), KeepRate()
     assert preds[0][1] == pytest.approx(own.expected(4, pooled))
     own.observe(4, 4)
     pooled.observe(4, 4)
     assert preds[1][1] == pytest.approx(own.expected(4, pooled))
     assert [p[0] for p in preds] == [4, 1, 3]
+
+
+def test_calibration_observes_a_round_as_one_position_at_a_time():
+    """The vectorized observation of a round equals decaying and counting each reached position
+    in turn (request by request, position by position), the reference written as a loop."""
+    generator = torch.Generator().manual_seed(0)
+    calibration, reference = bench.Calibration(), bench.Calibration()
+    for _ in range(5):
+        confidence = torch.rand(6, 8, generator=generator)
+        drafted = torch.randint(0, 9, (6,), generator=generator)
+        accepted = torch.minimum(torch.randint(0, 9, (6,), generator=generator), drafted)
+        calibration.observe(confidence, drafted, accepted)
+        for row, n, a in zip(confidence.tolist(), drafted.tolist(), accepted.tolist()):
+            for j, c in enumerate(row[: min(a + 1, n)]):
+                b = min(int(c * bench.CONFIDENCE_BINS), bench.CONFIDENCE_BINS - 1)
+                reference.reached[b] = bench.CONFIDENCE_DECAY * reference.reached[b] + 1.0
+                reference.kept[b] = bench.CONFIDENCE_DECAY * reference.kept[b] + float(j < a)
+    assert calibration.reached == pytest.approx(reference.reached, rel=1e-12)
+    assert calibration.kept == pytest.approx(reference.kept, rel=1e-12)
+    assert sum(reference.reached) > 20  # the rounds reached positions in several buckets

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from parse_sglang.adaptive import AdaptiveDraftLength, CostTable
+from parse_sglang.adaptive import AdaptiveDraftLength
+from parse_sglang.cost_table import CostTable
 from parse_sglang.draft_length import FixedDraftLength
 from parse_sglang.replay import Machine, Trace, TraceRequest, oracle_seconds, replay, serve
 from parse_sglang.settings import ParseConfig

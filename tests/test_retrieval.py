@@ -9,7 +9,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from parse_sglang.adaptive import AdaptiveDraftLength, CostTable
+from parse_sglang.adaptive import AdaptiveDraftLength
+from parse_sglang.cost_table import CostTable
 from parse_sglang.request_state import RequestPolicy
 from parse_sglang.retrieval import (
     Copy,
@@ -191,7 +192,7 @@ def test_a_round_of_copies_teaches_the_copy_rate_not_the_drafts():
     assert chooser.copy_keep.kept[CopyKeep.bin(20)] == pytest.approx(0.98 * kept + 7)
     assert chooser.copy_keep.rejected[CopyKeep.bin(20)] == pytest.approx(1.0)
     assert (chooser.pooled.kept, chooser.pooled.reached) == pooled
-    assert chooser.acceptance(reqs[0]).kept == 0.0
+    assert chooser.keep_rate(reqs[0]).kept == 0.0
 
 
 @pytest.mark.parametrize(

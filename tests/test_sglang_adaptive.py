@@ -18,7 +18,8 @@ from conftest import (
     target_continuations,
     write_pinned_costs,
 )
-from parse_sglang.adaptive import EXPLORE_SAMPLES, PROBE_OVERHEAD, AdaptiveDraftLength, CostTable, bucket
+from parse_sglang.adaptive import PROBE_OVERHEAD, AdaptiveDraftLength
+from parse_sglang.cost_table import EXPLORE_SAMPLES, CostTable, bucket
 from parse_sglang.settings import parse_engine_kwargs
 from parse_sglang.tools.profile_cost import main as profile_cost_main
 from parse_sglang.settings import ParseConfig
@@ -142,7 +143,7 @@ def test_identical_draft_runs_the_longest_tier(tiny_pair, drafts, pinned_costs, 
     less what a new server's prior expects it to keep, in tier-0 rounds of 4 steps)."""
     costs, n = CostTable.load(pinned_costs), len(BATCH_PROMPTS)
     fresh = AdaptiveDraftLength(TIERS, costs)  # the server's tiers: adaptive_tiers and L
-    keeps = fresh.acceptance(SimpleNamespace()).expected(2, fresh.pooled)
+    keeps = fresh.keep_rate(SimpleNamespace()).expected(2, fresh.pooled)
     zero = costs.cost(n, 0, 1, steps=4)  # a tier-0 round: 4 decode steps, each a round of L = 0
     loss = costs.cost(n, 2, 3) - (1 + keeps) * zero / 4  # a probe's seconds less its tokens' at tier 0's rate
     first_probe = 4 * math.ceil(loss / (PROBE_OVERHEAD * zero))

@@ -85,13 +85,28 @@ def tp2_skewed(tiny_pair, cpu_runtime):
 
 
 @pytest.fixture(scope="module")
-def tp2_tier0(tiny_pair, cpu_runtime, tmp_path_factory):
-    """An adaptive TP=2 server whose cost table (a draft step priced at 1 s) keeps every round
-    at tier 0: rounds of decode steps, each step's tokens broadcast from rank 0."""
+def slow_draft_costs(tmp_path_factory) -> str:
+    """A cost table pricing a draft step at 1 s and every verify alike (its rows free)."""
     costs = tmp_path_factory.mktemp("tp_costs") / "costs.json"
     costs.write_text(json.dumps({"draft": [{"bucket": 8, "L": L, "seconds": float(L)} for L in (0, 6)],
                                  "rest": [{"bucket": 8, "rows": r, "seconds": 1e-3} for r in (1, 7)]}))  # fmt: skip
-    config = dataclasses.replace(JUDGED, adaptive=True, adaptive_tiers=(0,), cost_table=str(costs))
+    return str(costs)
+
+
+@pytest.fixture(scope="module")
+def tp2_tier0(tiny_pair, cpu_runtime, slow_draft_costs):
+    """An adaptive TP=2 server whose costs keep every round at tier 0 (no copies): rounds of
+    decode steps, each step's tokens broadcast from rank 0."""
+    config = dataclasses.replace(JUDGED, adaptive=True, adaptive_tiers=(0,), cost_table=slow_draft_costs,
+                                 retrieval=False)  # fmt: skip
+    return serve(tiny_pair, 2, config=config)
+
+
+@pytest.fixture(scope="module")
+def tp2_copies(tiny_pair, cpu_runtime, slow_draft_costs):
+    """The same with retrieval: a copy's verify costs what a decode step does, so every request
+    that has a copy verifies it, rank 0's copies and choices on both ranks."""
+    config = dataclasses.replace(JUDGED, adaptive=True, adaptive_tiers=(0,), cost_table=slow_draft_costs)
     return serve(tiny_pair, 2, config=config)
 
 
@@ -286,6 +301,15 @@ def test_tp2_tier0_decode_steps_equal_target_greedy(tp2_tier0, target_greedy):
     assert ids(tp2_tier0["lossless"]) == target_greedy and ids(tp2_tier0["cold"]) == target_greedy
     stats = [parse for _, parse in tp2_tier0["lossless"] + tp2_tier0["judged"]]
     assert all(s["draft_length"] == 0 and s["rounds"] == MAX_NEW - 1 for s in stats), stats
+
+
+@pytest.mark.sglang
+def test_tp2_copies_equal_target_greedy(tp2_copies, target_greedy):
+    """Copies at TP=2, with no draft model round: greedy and sampled outputs are the target's."""
+    assert ids(tp2_copies["lossless"]) == target_greedy and ids(tp2_copies["cold"]) == target_greedy
+    stats = [parse for _, parse in tp2_copies["lossless"] + tp2_copies["judged"]]
+    assert sum(s["copy_rounds"] for s in stats) > 0 and sum(s["copy_accepted"] for s in stats) > 0, stats
+    assert all(s["accepted_exact"] + s["accepted_judged"] == s["copy_accepted"] for s in stats), stats
 
 
 @pytest.mark.sglang

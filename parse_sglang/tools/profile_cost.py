@@ -27,7 +27,7 @@ import sys
 from types import SimpleNamespace
 from typing import Sequence
 
-from parse_sglang.adaptive import CostTable
+from parse_sglang.cost_table import CostTable
 from parse_sglang.settings import ParseConfig, server_parse_config
 
 PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle."

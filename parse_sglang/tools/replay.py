@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from parse_sglang.adaptive import CostTable
+from parse_sglang.cost_table import CostTable
 from parse_sglang.replay import Machine, Trace, replay
 from parse_sglang.settings import ParseConfig
 
