@@ -31,7 +31,7 @@ import torch
 
 from parse_sglang.acceptance import emitted_tokens
 from parse_sglang.cost_table import SAMPLES, CostTable, bucket
-from parse_sglang.draft_length import HEAD, DraftLengthPolicy
+from parse_sglang.draft_length import DECODE, HEAD, DraftLengthPolicy, Tier, drafting
 from parse_sglang.request_state import state_of
 from parse_sglang.retrieval import CopyKeep, window_length
 from parse_sglang.target_phase import phase_room
@@ -48,7 +48,6 @@ PROBE_OVERHEAD = 0.02  # a probe out of tier 0 may lose this share of the second
 PROBE_BACKOFF_MAX = 32  # ... divided by 2 for each probe in a row that did not pay, down to 1 / PROBE_BACKOFF_MAX
 ENDED_KEPT = 128  # finished requests whose output lengths say where outputs end
 ENDED_PRIOR = 2.0  # requests' worth of an output that never ends, beside them
-DRAFTING = 1  # `_since`'s key of PARSE's drafting rounds (HEAD: of head rounds)
 
 
 @dataclass
@@ -167,25 +166,28 @@ class AdaptiveDraftLength(DraftLengthPolicy):
 
     per_round = True
 
-    def __init__(self, tiers: Sequence[int], costs: CostTable, head_steps: Optional[int] = None,
-                 clock=time.perf_counter):  # fmt: skip
+    def __init__(
+        self, tiers: Sequence[int], costs: CostTable, head_steps: Optional[int] = None, clock=time.perf_counter
+    ):
         self.clock = clock  # seconds, what the round's costs are measured by (`parse_sglang.replay`: simulated)
-        self.tiers = sorted(set(tiers))
+        self.tiers = [drafting(L) for L in sorted(set(tiers))]  # DECODE first where the server has tier 0
+        self.lengths = sorted(set(tiers))  # the draft model's L of each tier
         self.costs = costs
-        self.pooled = PooledKeepRate(longest=self.tiers[-1])
+        self.pooled = PooledKeepRate(longest=self.lengths[-1])
         self.head_steps = head_steps  # k of an EAGLE-3 head (the tier HEAD); None: no head
+        self._head = [HEAD] if head_steps else []  # the head tier, where the server has a head
         self.head_pooled = PooledKeepRate(longest=head_steps or 0)  # the head's pooled curve
         self.copy_keep = CopyKeep()  # P(kept | a copy's match length), every request's copies (`retrieval`)
         self.copying = ()  # [bs] this round's requests that verify their copy (`choose`)
         self._copies = None  # this round's `retrieval.Copy` per request
         self.ends = OutputEnds()  # where the outputs of finished requests ended
-        self._since = {DRAFTING: 0.0, HEAD: 0.0}  # seconds of rounds (priced) since each kind last ran
-        self._backoff = {DRAFTING: 1, HEAD: 1}  # each kind's probes in a row that did not pay, as a factor
+        self._since = {"draft": 0.0, "head": 0.0}  # seconds of rounds (priced) since each kind last ran
+        self._backoff = {"draft": 1, "head": 1}  # each kind's probes in a row that did not pay, as a factor
         self._probe = None  # (kind, tokens it must emit to pay) of this round, if a probe
-        self._catch_ups = collections.deque(maxlen=SAMPLES)  # (batch size, tier, draft part s, tokens caught up)
+        self._catch_ups = collections.deque(maxlen=SAMPLES)  # (batch size, L, draft part s, tokens caught up)
         self._clock = {}  # this round's times at its host crossings (its measured costs)
         self._policies = ()  # this round's RequestPolicy per request
-        self._tier = 0  # this round's tier
+        self._tier = DECODE  # this round's tier
 
     @classmethod
     def of(cls, config) -> "AdaptiveDraftLength":
@@ -215,35 +217,35 @@ class AdaptiveDraftLength(DraftLengthPolicy):
             state.head_keep_rate = KeepRate()
         return state.head_keep_rate
 
-    def choose(self, reqs, policies, rows_of, steps: int = 1, copies=None) -> int:
-        """The tier of this round (HEAD: a head round): reqs and their `RequestPolicy`s;
-        rows_of(tier) -> the verify rows of the batch at a drafting tier; steps: the decode steps
-        a tier-0 round of it would run; copies: each request's `retrieval.Copy` or None (None: no
-        retrieval). Sets `copying`: the requests whose copy the round verifies."""
+    def choose(self, reqs, policies, rows_of, steps: int = 1, copies=None) -> Tier:
+        """The tier of this round: reqs and their `RequestPolicy`s; rows_of(L) -> the verify rows
+        of the batch at a drafting tier's L; steps: the decode steps a `DECODE` round of it would
+        run; copies: each request's `retrieval.Copy` or None (None: no retrieval). Sets `copying`:
+        the requests whose copy the round verifies."""
         self._clock = {"start": self.clock()}
         self._policies, self._probe, self._copies = policies, None, copies
         self.copying = ()
-        going = self.ends.going([p.output_len for p in policies], max(self.tiers[-1], self.head_steps or 0, steps))
+        going = self.ends.going([p.output_len for p in policies], max(self.lengths[-1], self.head_steps or 0, steps))
         self._tier = self._best_tier(reqs, policies, rows_of, steps, going)
         return self._tier
 
-    def _rows(self, tier: int, rows_of) -> int:
+    def _rows(self, tier: Tier, rows_of) -> int:
         """Verify rows per request at a tier: a head round's are its k + 1 chain rows."""
-        return self.head_steps + 1 if tier == HEAD else rows_of(tier)
+        return self.head_steps + 1 if tier == HEAD else rows_of(tier.length)
 
-    def _expected_tokens(self, tier: int, reqs, policies, steps: int, going: Optional[torch.Tensor]) -> torch.Tensor:
-        """[bs] tokens each request emits in a round at `tier` (a tier-0 round's `steps` decode
+    def _expected_tokens(self, tier: Tier, reqs, policies, steps: int, going: Optional[torch.Tensor]) -> torch.Tensor:
+        """[bs] tokens each request emits in a round at `tier` (a `DECODE` round's `steps` decode
         steps), by its acceptance curve, its drafts capped at what it can keep (`reach`); going
         [bs, >= the round's tokens]: the chance that each token of the round is one the request's
         output still reaches (`OutputEnds.going`; None: every one)."""
-        if tier == 0:
+        if tier == DECODE:
             counts = torch.tensor([steps if p.left is None else min(steps, p.left) for p in policies])
             ones = torch.ones(len(policies), steps, dtype=torch.float64) if going is None else going[:, :steps]
             return (ones * (torch.arange(steps) < counts[:, None])).sum(dim=1)
         curve, pooled, k = (
             (self.head_keep_rate, self.head_pooled, self.head_steps)
             if tier == HEAD
-            else (self.keep_rate, self.pooled, tier)
+            else (self.keep_rate, self.pooled, tier.length)
         )
         alive = torch.tensor([curve(req).alive(pooled)[: k + 1] for req in reqs], dtype=torch.float64)  # [bs, k + 1]
         return _emitted(alive, policies, k, going)
@@ -259,63 +261,64 @@ class AdaptiveDraftLength(DraftLengthPolicy):
                 alive[i, : len(c.tokens) + 1] = torch.tensor(self.copy_keep.alive(c.match, len(c.tokens)))
         return _emitted(alive, policies, k, going)
 
-    def _with_copies(self, tier: int, drafted: torch.Tensor, copied: torch.Tensor, copies, bs: int, rows_of, catch_up):
-        """(tokens, seconds, copying) of a round drafting `tier` (0: no draft model) in which each
+    def _with_copies(self, tier: Tier, drafted: torch.Tensor, copied: torch.Tensor, copies, bs: int, rows_of, catch_up):
+        """(tokens, seconds, copying) of a round at `tier` (`DECODE`: no draft model) in which each
         request verifies its copy where that emits more (`drafted`, `copied`: [bs] expected tokens)."""
         copying = (copied > drafted).tolist()
-        width = window_length(self.tiers, tier, copies, copying)
+        width = window_length(self.lengths, tier.length, copies, copying)
         cost = self.costs.cost(bs, tier, rows_of(width))
         if cost is None or cost <= 0:
             return None
-        return float(torch.maximum(drafted, copied).sum()), cost + (catch_up if tier > 0 else 0.0), copying
+        return float(torch.maximum(drafted, copied).sum()), cost + (catch_up if tier.kind == "draft" else 0.0), copying
 
-    def _best_tier(self, reqs, policies, rows_of, steps: int, going: Optional[torch.Tensor]) -> int:
+    def _best_tier(self, reqs, policies, rows_of, steps: int, going: Optional[torch.Tensor]) -> Tier:
         bs = len(reqs)
         if not self.costs.fixed and not self.costs.explored():  # start-up: measure a drafting tier and tier 0
-            first = next((t for t in self.tiers if t > 0), self.tiers[0])
+            first = next((t for t in self.tiers if t.kind == "draft"), self.tiers[0])
             return first if first not in self.costs.measured_tiers(bs) else self.tiers[0]
         catch_up = self._catch_up_seconds(sum(state_of(req).draft_behind for req in reqs))
         per_request, tokens, seconds = {}, {}, {}
-        for tier in self.tiers + ([HEAD] if self.head_steps else []):
-            cost = self.costs.cost(bs, tier, self._rows(tier, rows_of), steps if tier == 0 else 1)
+        for tier in self.tiers + self._head:
+            cost = self.costs.cost(bs, tier, self._rows(tier, rows_of), steps if tier == DECODE else 1)
             if cost is not None and cost > 0:
                 per_request[tier] = self._expected_tokens(tier, reqs, policies, steps, going)
                 tokens[tier] = float(per_request[tier].sum())
-                seconds[tier] = cost + (catch_up if tier > 0 else 0.0)
+                seconds[tier] = cost + (catch_up if tier.kind == "draft" else 0.0)
         if not tokens:
             return self.tiers[0]
         rate = {t: tokens[t] / seconds[t] for t in tokens}
-        best = max(rate, key=lambda t: (rate[t], -t))  # ties: the shorter tier
+        best = max(rate, key=lambda t: (rate[t], t == HEAD, -t.length))  # ties: the head, then the shorter tier
         if self._copies is not None and any(self._copies):  # each drafting tier (and none) with copies
             copied = self._copy_tokens(policies, self._copies, going)
-            one_pass = self._expected_tokens(0, reqs, policies, 1, going)  # a round of copies alone: one verify
+            one_pass = self._expected_tokens(DECODE, reqs, policies, 1, going)  # a round of copies alone: one verify
             best_rate, copy_tier, copying = rate[best], None, ()
-            for tier in [0] + [t for t in self.tiers if t > 0 and t in per_request]:
-                drafted = per_request[tier] if tier else one_pass
+            for tier in [DECODE] + [t for t in self.tiers if t.kind == "draft" and t in per_request]:
+                drafted = per_request[tier] if tier != DECODE else one_pass
                 option = self._with_copies(tier, drafted, copied, self._copies, bs, rows_of, catch_up)
                 if option is not None and any(option[2]) and option[0] / option[1] > best_rate:
                     best_rate, copy_tier, copying = option[0] / option[1], tier, option[2]
             if copy_tier is not None:
                 self.copying = copying
                 return copy_tier
-        return best if best > 0 else self._explore(best, rate, tokens, seconds)
+        return best if best.kind == "draft" else self._explore(best, rate, tokens, seconds)
 
-    def _explore(self, best: int, rate: dict, tokens: dict, seconds: dict) -> int:
-        """In place of a round that drafts nothing of PARSE's (tier 0, or HEAD: `best`), a probe of
+    def _explore(self, best: Tier, rate: dict, tokens: dict, seconds: dict) -> Tier:
+        """In place of a round that drafts nothing of PARSE's (`DECODE` or `HEAD`: `best`), a probe of
         the shortest drafting tier (or, from tier 0, of the head) where what it may lose against
         `best` for its expected tokens fits in PROBE_OVERHEAD of the seconds since that kind of
         round last ran, over its backoff (doubled by each probe in a row that did not pay): a
         request at tier 0 shows no acceptance, and a draft's text gets better."""
-        probes = [(DRAFTING, next((t for t in self.tiers if t > 0), None))] + ([(HEAD, HEAD)] if best == 0 else [])
+        probes = [next((t for t in self.tiers if t.kind == "draft"), None)] + (self._head if best == DECODE else [])
         due = []
-        for kind, tier in probes:
+        for tier in filter(None, probes):
+            kind = tier.kind
             loss = seconds[tier] - tokens[tier] / rate[best] if tier in seconds else math.inf  # seconds
             if loss <= PROBE_OVERHEAD * self._since[kind] / self._backoff[kind]:
-                due.append((self._since[kind], -seconds[tier], kind, tier))
+                due.append((self._since[kind], -seconds[tier], kind == "draft", tier))
         if not due:
             return best
-        *_, kind, tier = max(due)  # the kind that ran longest ago (one never starves the other), then the cheaper
-        self._probe = (kind, rate[best] * seconds[tier])  # the tokens it must beat
+        *_, tier = max(due)  # the kind that ran longest ago (one never starves the other), then the cheaper
+        self._probe = (tier.kind, rate[best] * seconds[tier])  # the tokens it must beat
         return tier
 
     def _catch_up_seconds(self, tokens: int) -> float:
@@ -325,8 +328,11 @@ class AdaptiveDraftLength(DraftLengthPolicy):
         and with a loaded table (its cells are no measure of this run's draft part)."""
         if self.costs.fixed or not tokens:
             return 0.0
-        points = [(count, max(seconds - self.costs.draft[bucket(bs), tier], 0.0))
-                  for bs, tier, seconds, count in self._catch_ups if (bucket(bs), tier) in self.costs.draft]  # fmt: skip
+        points = [
+            (count, max(seconds - self.costs.draft[bucket(bs), tier], 0.0))
+            for bs, tier, seconds, count in self._catch_ups
+            if (bucket(bs), tier) in self.costs.draft
+        ]
         if not points:
             return 0.0
         counts = [c for c, _ in points]
@@ -352,20 +358,31 @@ class AdaptiveDraftLength(DraftLengthPolicy):
             self.clock(),
         )
         if caught_up:
-            self._catch_ups.append((len(reqs), self._tier, drafts - start, caught_up))
-        self.observe(reqs, self._tier, window.shape.rows, window.plan, result, None if caught_up else drafts - start,
-                     end - drafts, steps)  # fmt: skip
+            self._catch_ups.append((len(reqs), self._tier.length, drafts - start, caught_up))
+        self.observe(
+            reqs,
+            self._tier,
+            window.shape.rows,
+            window.plan,
+            result,
+            None if caught_up else drafts - start,
+            end - drafts,
+            steps,
+        )
 
     def server_state(self) -> dict:
         stopped = sum(stop for _, stop in self.ends.finished)
-        return {"cost_table": self.costs.to_json(),
-                "output_ends": {"stopped": stopped, "cut": len(self.ends.finished) - stopped}}  # fmt: skip
+        return {
+            "cost_table": self.costs.to_json(),
+            "output_ends": {"stopped": stopped, "cut": len(self.ends.finished) - stopped},
+        }
 
-    def observe(self, reqs, tier: int, rows: int, plan, result, draft_s: Optional[float], rest_s: float,
-                steps: int = 1) -> None:  # fmt: skip
-        """After a round (of `steps` verify passes: a tier-0 round's decode steps; HEAD: a head
-        round): its costs (draft_s None: its draft part is no cost of its tier), the rest per
-        pass, the seconds since each kind of round last ran, and each request's acceptance."""
+    def observe(
+        self, reqs, tier: Tier, rows: int, plan, result, draft_s: Optional[float], rest_s: float, steps: int = 1
+    ) -> None:
+        """After a round at `tier` (of `steps` verify passes: a `DECODE` round's decode steps):
+        its costs (draft_s None: its draft part is no cost of its tier), the rest per pass, the
+        seconds since each kind of round last ran, and each request's acceptance."""
         self.costs.observe(len(reqs), tier, rows, draft_s, rest_s / steps)
         price = self.costs.cost(len(reqs), tier, rows, steps)  # (priced: a busy machine's spike counts as usual)
         for kind in self._since:
@@ -375,9 +392,9 @@ class AdaptiveDraftLength(DraftLengthPolicy):
             for copy, used, drafted, accepted in zip(self._copies, copying, plan.draft_lens.tolist(), result.lengths):
                 if used:
                     self.copy_keep.observe(copy.match, drafted, accepted)
-        if tier == 0:
+        if tier == DECODE:
             return
-        kind = HEAD if tier == HEAD else DRAFTING
+        kind = tier.kind
         self._since[kind] = 0.0
         if self._probe is not None:  # a probe that did not pay spaces the next one out
             paid = sum(1 + a for a, n in zip(result.lengths, plan.draft_lens.tolist()) if n) > self._probe[1]

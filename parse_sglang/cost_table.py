@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from parse_sglang.draft_length import HEAD
+from parse_sglang.draft_length import DECODE, HEAD, Tier, drafting
 
 SAMPLES = 5  # a cost cell is the median of its last SAMPLES rounds (robust to a busy machine's spikes)
 EXPLORE_SAMPLES = 2  # rounds that make a tier's cost in a bucket measured (after its warm-up)
@@ -73,20 +73,22 @@ def _estimate(points_of, x: int, nearest: list) -> Optional[float]:
 class CostTable:
     """Measured seconds per round part (module docstring); `fixed`: loaded, never updated."""
 
-    draft: dict = field(default_factory=dict)  # (bucket, L) -> seconds to the drafts on the host
+    draft: dict = field(default_factory=dict)  # (bucket, L) -> seconds to the drafts on the host (L = 0: DECODE)
     rest: dict = field(default_factory=dict)  # (bucket, verify rows) -> seconds to the result on the host
     head: dict = field(default_factory=dict)  # bucket -> seconds of a head round's draft part (its tier HEAD)
     fixed: bool = False
     _samples: dict = field(default_factory=dict)  # (cells, key) -> [warm-up, the last SAMPLES seconds]
     _measured: set = field(default_factory=set)  # (cells, key) that have had EXPLORE_SAMPLES counted samples
 
-    def observe(self, batch_size: int, tier: int, rows: int, draft_s: Optional[float], rest_s: Optional[float]) -> None:
+    def observe(
+        self, batch_size: int, tier: Tier, rows: int, draft_s: Optional[float], rest_s: Optional[float]
+    ) -> None:
         """A round's seconds: its draft part and the rest (None: no sample of that cell, though
         it may be the cell's uncounted warm-up round)."""
         if self.fixed:
             return
         b = bucket(batch_size)
-        drafted = (self.head, b) if tier == HEAD else (self.draft, (b, tier))
+        drafted = (self.head, b) if tier == HEAD else (self.draft, (b, tier.length))
         for cells, key, value in ((*drafted, draft_s), (self.rest, (b, rows), rest_s)):
             cell = (id(cells), key)
             samples = self._samples.setdefault(cell, [])
@@ -100,7 +102,7 @@ class CostTable:
             if len(samples) > EXPLORE_SAMPLES:
                 self._measured.add(cell)
 
-    def cost(self, batch_size: int, tier: int, rows: int, steps: int = 1) -> Optional[float]:
+    def cost(self, batch_size: int, tier: Tier, rows: int, steps: int = 1) -> Optional[float]:
         """Seconds of a round at this tier and verify rows (`steps` verify passes: a tier-0
         round's decode steps), from the batch's bucket or, where that cannot estimate it, the
         nearest bucket that can (the smaller on a tie: a tier priced low is tried, and so
@@ -114,23 +116,25 @@ class CostTable:
           rows (its cheapest: a price that lets it be tried).
         Another bucket's cells are `_scaled_down` to the batch."""
         b = bucket(batch_size)
-        nearest = sorted({bb for bb, _ in self.draft} | {bb for bb, _ in self.rest} | {b},
-                         key=lambda bb: (abs(bb.bit_length() - b.bit_length()), bb))  # fmt: skip
+        nearest = sorted(
+            {bb for bb, _ in self.draft} | {bb for bb, _ in self.rest} | {b},
+            key=lambda bb: (abs(bb.bit_length() - b.bit_length()), bb),
+        )
         if tier == HEAD:
             for bb in sorted(self.head, key=lambda bb: (abs(bb.bit_length() - b.bit_length()), bb)):
                 rest = _interpolate(self._rest_points(bb), rows)
                 if rest is not None:
                     head = self.head[bb]
                     return (head + rest) * _scaled_down(b, bb)
-            tier = 0
-        if tier == 0:
+            tier = DECODE
+        if tier == DECODE:
             ran = next((bb for bb in nearest if (bb, 0) in self.draft and (bb, rows) in self.rest), None)
             if ran == b:
                 return self.draft[b, 0] + steps * self.rest[b, rows]
             if ran is not None:
                 return (self.draft[ran, 0] + steps * self.rest[ran, rows]) * _scaled_down(b, ran)
         for decode in (False, True):  # tier-0 cells only where no bucket holds two drafting ones (exploring)
-            draft = _estimate(lambda bb: self._draft_points(bb, decode), tier + 1, nearest)
+            draft = _estimate(lambda bb: self._draft_points(bb, decode), tier.length + 1, nearest)
             rest = _estimate(lambda bb: self._rest_points(bb, decode), rows, nearest)
             if draft is not None and rest is not None:
                 return draft + steps * rest
@@ -144,7 +148,7 @@ class CostTable:
         """{verify rows: seconds} of the bucket's rounds with drafts (decode: a decode step's one row too)."""
         return {r: s for (c, r), s in self.rest.items() if c == b and (r > 1 or decode)}
 
-    def measured_tiers(self, batch_size: int) -> set[int]:
+    def measured_tiers(self, batch_size: int) -> set[Tier]:
         """Tiers whose draft cost in this bucket has rested on at least EXPLORE_SAMPLES rounds
         (all of a loaded table's), HEAD among them."""
         return {tier for cell, tier in self._draft_cells(batch_size) if self.fixed or cell in self._measured}
@@ -152,7 +156,7 @@ class CostTable:
     def _draft_cells(self, batch_size: int) -> list:
         """[((cells, key), tier)] of the bucket's draft cells, the head's among them."""
         b = bucket(batch_size)
-        cells = [((id(self.draft), (bb, L)), L) for (bb, L) in self.draft if bb == b]
+        cells = [((id(self.draft), (bb, L)), drafting(L)) for (bb, L) in self.draft if bb == b]
         return cells + ([((id(self.head), b), HEAD)] if b in self.head else [])
 
     def explored(self) -> bool:

@@ -69,8 +69,18 @@ from parse_sglang.request_state import state_of
 from parse_sglang.settings import RETURN_PROBE_SCORES
 
 STATS_KEY = "parse"
-COUNTERS = ("rounds", "draft_length", "draft_tokens", "accepted_exact", "accepted_judged", "judge_probes", "head_rounds",
-            "head_accepted", "copy_rounds", "copy_accepted")  # fmt: skip
+COUNTERS = (
+    "rounds",
+    "draft_length",
+    "draft_tokens",
+    "accepted_exact",
+    "accepted_judged",
+    "judge_probes",
+    "head_rounds",
+    "head_accepted",
+    "copy_rounds",
+    "copy_accepted",
+)
 PROBE_SCORES = "probe_scores"
 
 
@@ -170,11 +180,21 @@ class ServerTotals:
         the window rows it ran (rounds x N); draft_length: L x rounds; copy_rounds, copy_accepted:
         its requests that verified their copy, and the copied tokens they kept."""
         counts = dict(
-            requests=new_requests, rounds=rounds, verify_passes=1, graph_passes=int(graphed), verify_rows=verify_rows,
-            draft_length=draft_length, draft_tokens=draft_tokens, accepted_exact=exact, accepted_judged=judged,
-            judge_probes=len(probe_scores), head_rounds=rounds * head, head_accepted=exact * head,
-            copy_rounds=copy_rounds, copy_accepted=copy_accepted,
-        )  # fmt: skip
+            requests=new_requests,
+            rounds=rounds,
+            verify_passes=1,
+            graph_passes=int(graphed),
+            verify_rows=verify_rows,
+            draft_length=draft_length,
+            draft_tokens=draft_tokens,
+            accepted_exact=exact,
+            accepted_judged=judged,
+            judge_probes=len(probe_scores),
+            head_rounds=rounds * head,
+            head_accepted=exact * head,
+            copy_rounds=copy_rounds,
+            copy_accepted=copy_accepted,
+        )
         counts = {name: value if name == "requests" else value * passes for name, value in counts.items()}
         counts["batch_rounds"] = 1
         probe_scores = list(probe_scores) * passes
@@ -206,8 +226,9 @@ def _ratio(num: int, den: int) -> float:
     return num / den if den else 0.0
 
 
-def record_round_stats(totals: ServerTotals, reqs, window, result, graphed: bool, steps: int = 1,
-                       head: bool = False) -> None:  # fmt: skip
+def record_round_stats(
+    totals: ServerTotals, reqs, window, result, graphed: bool, steps: int = 1, head: bool = False
+) -> None:
     """Count a round: per request and in `totals`, from the round's host plan (`window.plan`)
     and host result (`acceptance.RoundResult`); judge probes counted are the real ones (a
     boundary of a request judged with the probe). A tier-0 round of `steps` decode steps
@@ -228,12 +249,34 @@ def record_round_stats(totals: ServerTotals, reqs, window, result, graphed: bool
     new_requests = 0
     for i, req in enumerate(reqs):
         probes = probe_round(window, result, i, head) if RETURN_PROBE_SCORES in req.parse.resolved.outputs else None
-        new_requests += record_round(req, window.shape.draft_len, draft_lens[i], exact[i], judged[i], probe_counts[i],
-                                     probes, steps, head, copied[i])  # fmt: skip
+        new_requests += record_round(
+            req,
+            window.shape.draft_len,
+            draft_lens[i],
+            exact[i],
+            judged[i],
+            probe_counts[i],
+            probes,
+            steps,
+            head,
+            copied[i],
+        )
     copy_accepted = sum(e + j for e, j, c in zip(exact, judged, copied) if c)
-    totals.add_pass(new_requests, len(reqs), sum(draft_lens), sum(exact), sum(judged), scores, graphed,
-                    len(reqs) * window.shape.rows, len(reqs) * window.shape.draft_len, steps, head, sum(copied),
-                    copy_accepted)  # fmt: skip
+    totals.add_pass(
+        new_requests,
+        len(reqs),
+        sum(draft_lens),
+        sum(exact),
+        sum(judged),
+        scores,
+        graphed,
+        len(reqs) * window.shape.rows,
+        len(reqs) * window.shape.draft_len,
+        steps,
+        head,
+        sum(copied),
+        copy_accepted,
+    )
 
 
 def probe_round(window, result, i: int, head: bool = False) -> dict:
@@ -257,5 +300,5 @@ def probe_round(window, result, i: int, head: bool = False) -> dict:
             result.token_scores[i, : plan.draft_lens[i]].tolist()
             if result.token_scores is not None and plan.token_modes[i]
             else []
-        ),  # fmt: skip
+        ),
     }

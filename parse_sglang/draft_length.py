@@ -9,18 +9,35 @@ after it (`after_round`); what it measures, it times itself (docs/adaptive.md).
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Callable, NamedTuple, Sequence
 
-HEAD = -1  # the tier of a head round (`eagle3_head`): the head's k drafts, a chain-only verify
+
+class Tier(NamedTuple):
+    """What a round runs: plain decode steps (`DECODE`), PARSE's draft model's L drafts a request
+    (`drafting(L)`), or an EAGLE-3 head's k drafts, a chain-only verify (`HEAD`, k: the server's
+    `eagle3_steps`)."""
+
+    kind: str  # one of KINDS
+    length: int  # the draft model's L: 0 unless kind is "draft"
+
+
+KINDS = ("decode", "draft", "head")  # Tier.kind's values; a kind's index is how TP ranks share it
+DECODE = Tier("decode", 0)
+HEAD = Tier("head", 0)
+
+
+def drafting(length: int) -> Tier:
+    """The tier of the draft model's L (0: `DECODE`, a server's tier 0)."""
+    return Tier("draft", length) if length > 0 else DECODE
 
 
 class DraftLengthPolicy:
     per_round = False  # True: L changes from round to round (a TP server's ranks take rank 0's)
     copying: Sequence[bool] = ()  # the requests whose retrieved copy this round verifies (empty: none)
 
-    def choose(self, reqs, policies: Sequence, rows_of: Callable[[int], int], steps: int, copies=None) -> int:
-        """This round's L, the draft model's (and `copying`). reqs and their `window_plan.RequestPolicy`s;
-        rows_of(L): verify rows per request at L; steps: the decode steps a round of L = 0 would
+    def choose(self, reqs, policies: Sequence, rows_of: Callable[[int], int], steps: int, copies=None) -> Tier:
+        """This round's `Tier` (and `copying`). reqs and their `window_plan.RequestPolicy`s;
+        rows_of(L): verify rows per request at L; steps: the decode steps a `DECODE` round would
         run; copies: each request's `retrieval.Copy` or None (None: the server retrieves nothing)."""
         raise NotImplementedError
 
@@ -41,5 +58,5 @@ class FixedDraftLength(DraftLengthPolicy):
     def __init__(self, length: int):
         self.length = length
 
-    def choose(self, reqs, policies, rows_of, steps, copies=None) -> int:
-        return self.length
+    def choose(self, reqs, policies, rows_of, steps, copies=None) -> Tier:
+        return drafting(self.length)

@@ -1,5 +1,5 @@
 """An EAGLE-3 head on the target (`eagle3_head`, `eagle3_steps` = k): head rounds are a tier of an
-adaptive server's controller (`adaptive.HEAD`), run where they beat the target alone and PARSE's
+adaptive server's controller (`draft_length.HEAD`), run where they beat the target alone and PARSE's
 drafting: the head drafts k tokens, PARSE's chain-only window verifies them with SGLang's exact
 rules, and the head's KV is extended after EVERY round over what it emitted (docs/eagle3.md).
 

@@ -30,7 +30,7 @@ from typing import Callable, Optional, Sequence
 import torch
 
 from parse_sglang.cost_table import CostTable
-from parse_sglang.draft_length import DraftLengthPolicy, FixedDraftLength
+from parse_sglang.draft_length import DECODE, DraftLengthPolicy, FixedDraftLength, drafting
 from parse_sglang.settings import ParseConfig
 from parse_sglang.request_state import RequestPolicy, state_of
 
@@ -61,12 +61,15 @@ class Trace:
         """A trace `benchmarks/trace.py` wrote; errors name the file and the problem."""
         try:
             raw = json.loads(Path(path).read_text())
-            requests = [TraceRequest(int(r["prompt_len"]), str(r["match"]), tuple(r["confidence"]), bool(r["stopped"]))
-                        for r in raw["requests"]]  # fmt: skip
+            requests = [
+                TraceRequest(int(r["prompt_len"]), str(r["match"]), tuple(r["confidence"]), bool(r["stopped"]))
+                for r in raw["requests"]
+            ]
             trace = cls(str(raw["pair"]), int(raw["max_new_tokens"]), requests)
         except (OSError, ValueError, KeyError, TypeError) as err:
-            raise ValueError(f"trace {path!r} is invalid ({type(err).__name__}: {err}): allowed is what "
-                             "benchmarks/trace.py writes") from None  # fmt: skip
+            raise ValueError(
+                f"trace {path!r} is invalid ({type(err).__name__}: {err}): allowed is what benchmarks/trace.py writes"
+            ) from None
         bad = [i for i, r in enumerate(requests) if not r.match or len(r.confidence) != len(r.match)]
         if bad:
             raise ValueError(
@@ -91,18 +94,26 @@ class Machine:
         try:
             raw = json.loads(Path(path).read_text())
             table = CostTable.from_json(raw["table"], f"machine {str(path)!r}: its table")
-            return cls(table, float(raw.get("catch_up_fixed", 0.0)), float(raw.get("catch_up_per_token", 0.0)),
-                       str(raw.get("source", "")))  # fmt: skip
+            return cls(
+                table,
+                float(raw.get("catch_up_fixed", 0.0)),
+                float(raw.get("catch_up_per_token", 0.0)),
+                str(raw.get("source", "")),
+            )
         except (OSError, KeyError, TypeError) as err:
-            raise ValueError(f"machine {str(path)!r} is invalid ({type(err).__name__}: {err}): allowed is JSON with "
-                             '"table" (profile_cost\'s), "catch_up_fixed", "catch_up_per_token"') from None  # fmt: skip
+            raise ValueError(
+                f"machine {str(path)!r} is invalid ({type(err).__name__}: {err}): allowed is JSON with "
+                '"table" (profile_cost\'s), "catch_up_fixed", "catch_up_per_token"'
+            ) from None
 
-    def draft(self, bs: int, tier: int) -> float:
-        """Seconds of a round's draft part (tier 0: the host's share before its steps)."""
-        return self.table.cost(bs, tier, 1 if tier == 0 else tier + 1, steps=0)
+    def draft(self, bs: int, length: int) -> float:
+        """Seconds of a round's draft part at the draft model's L = `length` (0: a decode round's,
+        the host's share before its steps)."""
+        return self.table.cost(bs, drafting(length), length + 1, steps=0)
 
-    def rest(self, bs: int, tier: int, rows: int) -> float:
-        """Seconds of one verify pass of `rows` rows a request (and the result to the host)."""
+    def rest(self, bs: int, length: int, rows: int) -> float:
+        """Seconds of one verify pass of `rows` rows a request (and the result to the host) at L = `length`."""
+        tier = drafting(length)
         return self.table.cost(bs, tier, rows, steps=1) - self.table.cost(bs, tier, rows, steps=0)
 
     def catch_up(self, tokens: int) -> float:
@@ -171,8 +182,16 @@ def _token(req: SimRequest, p: int) -> int:
     return STOP if req.trace.stopped and p == len(req.trace.match) - 1 else TOKEN
 
 
-def serve(policy: DraftLengthPolicy, trace: Trace, machine: Machine, config: ParseConfig, arrivals: Sequence[float],
-          concurrency: int, clock: Optional[list] = None, target_only: bool = False) -> Served:  # fmt: skip
+def serve(
+    policy: DraftLengthPolicy,
+    trace: Trace,
+    machine: Machine,
+    config: ParseConfig,
+    arrivals: Sequence[float],
+    concurrency: int,
+    clock: Optional[list] = None,
+    target_only: bool = False,
+) -> Served:
     """Replay the trace's requests (request i arriving at arrivals[i], at most `concurrency` in the
     batch, admitted in order) under `policy`; clock: [seconds], the policy's simulated clock (its
     `clock` reads clock[0]), shared so that a policy's state runs on across calls. target_only:
@@ -195,8 +214,8 @@ def serve(policy: DraftLengthPolicy, trace: Trace, machine: Machine, config: Par
         bs, policies = len(running), [_policy(r, config, trace.max_new_tokens) for r in running]
         longest = max(p.left for p in policies)
         steps = max(min(config.tier0_steps, config.draft_budget + 1, longest), 1)
-        tier = 0 if target_only else policy.choose(running, policies, rows_of, steps)
-        if tier == 0:
+        tier = DECODE if target_only else policy.choose(running, policies, rows_of, steps)
+        if tier == DECODE:
             if target_only:
                 steps = 1
             else:
@@ -209,13 +228,13 @@ def serve(policy: DraftLengthPolicy, trace: Trace, machine: Machine, config: Par
                 state_of(r).draft_behind += steps
         else:
             behind = sum(state_of(r).draft_behind for r in running)
-            clock[0] += machine.draft(bs, tier) + machine.catch_up(behind)
+            clock[0] += machine.draft(bs, tier.length) + machine.catch_up(behind)
             policy.drafts_on_host(behind)
-            clock[0] += machine.rest(bs, tier, rows_of(tier))
+            clock[0] += machine.rest(bs, tier.length, rows_of(tier.length))
             lens, lengths, emitted = [], [], []
             for r, p in zip(running, policies):
                 state_of(r).draft_behind = 0
-                drafted = min(tier, p.budget)
+                drafted = min(tier.length, p.budget)
                 run = r.trace.run(r.n)  # a stop token the draft matched ends its draft (`cut_at_stop`)
                 stop_at = next((j + 1 for j in range(min(run, drafted)) if _token(r, r.n + j) == STOP), drafted)
                 drafted = min(drafted, stop_at)
@@ -223,11 +242,11 @@ def serve(policy: DraftLengthPolicy, trace: Trace, machine: Machine, config: Par
                 lens.append(drafted)
                 lengths.append(kept)
                 emitted.append([_token(r, r.n + j) for j in range(kept + 1)])
-                served.drafted_tokens += tier
-            window = _Window(_Shape(rows_of(tier)), _Plan(torch.tensor(lens), torch.zeros(bs, dtype=torch.bool)))
+                served.drafted_tokens += tier.length
+            window = _Window(_Shape(rows_of(tier.length)), _Plan(torch.tensor(lens), torch.zeros(bs, dtype=torch.bool)))
         if not target_only:
-            policy.after_round(running, window, _Result(emitted, lengths), steps if tier == 0 else 1)
-        deferred = tier == 0 and not isinstance(policy, FixedDraftLength)
+            policy.after_round(running, window, _Result(emitted, lengths), steps if tier == DECODE else 1)
+        deferred = tier == DECODE and not isinstance(policy, FixedDraftLength)
         served.rounds += 1
         served.request_rounds += bs
         for r, out in zip(running, emitted):
@@ -242,8 +261,9 @@ def serve(policy: DraftLengthPolicy, trace: Trace, machine: Machine, config: Par
     return served
 
 
-def oracle_seconds(req: TraceRequest, machine: Machine, config: ParseConfig, lengths: Sequence[int],
-                   max_new: int) -> float:  # fmt: skip
+def oracle_seconds(
+    req: TraceRequest, machine: Machine, config: ParseConfig, lengths: Sequence[int], max_new: int
+) -> float:
     """The least seconds any sequence of rounds at batch 1 serves `req` in after its prompt (the
     draft's prefill of it priced as a catch-up without the fixed part, as `serve` does): tier-0 rounds of 1..tier0_steps steps, drafting rounds of any L in
     `lengths` (with the catch-up over what the draft missed). Exact dynamic programming: a
@@ -302,13 +322,21 @@ def open_rate(trace: Trace, machine: Machine, load: str, config: ParseConfig) ->
     closed batches of 8 (0.0 for a closed load)."""
     if not load.startswith("open:"):
         return 0.0
-    closed = serve(FixedDraftLength(0), trace, machine, config, *arrivals_of("batch:8", len(trace.requests)),
-                   target_only=True)  # fmt: skip
+    closed = serve(
+        FixedDraftLength(0), trace, machine, config, *arrivals_of("batch:8", len(trace.requests)), target_only=True
+    )
     return float(load.split(":")[1]) * len(trace.requests) / closed.seconds
 
 
-def replay(trace: Trace, machine: Machine, load: str, config: ParseConfig, fixed: Sequence[int],
-           oracle: bool = True, warm_up: int = 1) -> dict:  # fmt: skip
+def replay(
+    trace: Trace,
+    machine: Machine,
+    load: str,
+    config: ParseConfig,
+    fixed: Sequence[int],
+    oracle: bool = True,
+    warm_up: int = 1,
+) -> dict:
     """Every policy and the target alone over the trace at `load` (`open_rate` for an open loop):
     each one's `Served.speed` and its ratio to the target alone's (module docstring); oracle: the
     batch-1 bound with one_by_one; warm_up: runs of the load each policy serves first, its state
@@ -328,8 +356,12 @@ def replay(trace: Trace, machine: Machine, load: str, config: ParseConfig, fixed
         for _ in range(warm_up):  # as the benchmarks time a server: after warm-up runs of the same load
             serve(policy, trace, machine, cfg, arrivals, concurrency, clock)
         got = serve(policy, trace, machine, cfg, arrivals, concurrency, clock)
-        row[name] = {"speed": got.speed(load), "x_target": got.speed(load) / target.speed(load),
-                     "mean_L": got.drafted_tokens / max(got.request_rounds, 1), "rounds": got.rounds}  # fmt: skip
+        row[name] = {
+            "speed": got.speed(load),
+            "x_target": got.speed(load) / target.speed(load),
+            "mean_L": got.drafted_tokens / max(got.request_rounds, 1),
+            "rounds": got.rounds,
+        }
         assert got.tokens == target.tokens, (name, got.tokens, target.tokens)
     if oracle and load == "one_by_one":
         lengths = range(1, max(config.tiers) + 1)

@@ -66,7 +66,7 @@ from sglang.srt.speculative.base_spec_worker import BaseSpecWorker
 
 from parse_sglang.acceptance import Accepted, round_result
 from parse_sglang.adaptive import AdaptiveDraftLength
-from parse_sglang.draft_length import HEAD
+from parse_sglang.draft_length import DECODE, HEAD, KINDS, Tier
 from parse_sglang.attention.window import WindowGeometry, shape_constants
 from parse_sglang.boundaries import TokenTexts
 from parse_sglang.counters import ServerTotals, record_round_stats
@@ -129,9 +129,13 @@ class ParseWorker(WorkerSetup, BaseSpecWorker):
         self.verify_graphs = VerifyGraphs(self.model_runner)
         self.rejection_sampling = spec.speculative_use_rejection_sampling
         self._draft_worker = DraftChain(
-            server_args, gpu_id, nccl_port, target_worker, self.config.chain_lengths,
+            server_args,
+            gpu_id,
+            nccl_port,
+            target_worker,
+            self.config.chain_lengths,
             samples=self.config.judge or self.rejection_sampling,
-        )  # fmt: skip
+        )
         self.draft_length = (
             AdaptiveDraftLength.of(self.config) if self.config.adaptive else FixedDraftLength(self.config.draft_budget)
         )
@@ -139,8 +143,9 @@ class ParseWorker(WorkerSetup, BaseSpecWorker):
         if self.config.eagle3_head:
             if not self.config.adaptive:
                 raise ValueError("eagle3_head needs adaptive: true (head rounds run where the target would run alone)")
-            self.head = HeadChain(server_args, gpu_id, nccl_port, target_worker, self.config.eagle3_head,
-                                  self.config.eagle3_steps)  # fmt: skip
+            self.head = HeadChain(
+                server_args, gpu_id, nccl_port, target_worker, self.config.eagle3_head, self.config.eagle3_steps
+            )
         self.judge_head = None  # judge_mode "head": P(harmful) from the verify's hidden states (`judge_head`)
         if self.config.judge_head:
             self.judge_head = load_judge_head(self.config.judge_head, self.model_runner.model_config.hf_config)
@@ -171,12 +176,12 @@ class ParseWorker(WorkerSetup, BaseSpecWorker):
         committed = Committed.of(batch, self.device)
         policies = [request_policy(req, self.config) for req in batch.reqs]
         copies = self._copies(batch, policies)  # each request's retrieved continuation, on the host
-        length, steps, width = self._draft_length(batch, policies, copies)  # the draft model's L; the window's
-        if length == HEAD:  # the EAGLE-3 head's k drafts, verified exactly
+        tier, steps, width = self._draft_length(batch, policies, copies)  # the round's tier; the window's L
+        if tier == HEAD:  # the EAGLE-3 head's k drafts, verified exactly
             return self._head_round(batch, committed, policies)
         if width == 0:  # tier 0: plain decode steps, the draft idle
             return self._decode_steps(batch, committed, policies, steps)
-        draft = self._draft(batch, committed, length)  # 1. d_1..d_L, their confidence (and their q)
+        draft = self._draft(batch, committed, tier.length)  # 1. d_1..d_L, their confidence (and their q)
         window = self._plan_window(committed, draft, policies, copies, width)  # 2.-5. copies, boundaries, probes
         chain_logits, probe_logits, verify_graphed = self._verify(batch, committed, window)  # 6. ONE forward
         accepted = self._accept(batch, committed, window, chain_logits, probe_logits, draft.proposals)  # 7.-8.
@@ -185,7 +190,7 @@ class ParseWorker(WorkerSetup, BaseSpecWorker):
         result = self._result(batch, committed, window, accepted, chain_logits, graphed)  # 9. SGLang commits
         kept = self._record(batch.reqs, window, accepted, graphed)  # counters, target phases, the round's costs
         # the draft's KV holds its own chain, not a copy: it catches up over what a copy committed
-        missed = [a + 1 if length == 0 or copied else 0 for a, copied in zip(kept, window.plan.copied.tolist())]
+        missed = [a + 1 if tier == DECODE or copied else 0 for a, copied in zip(kept, window.plan.copied.tolist())]
         self._draft_worker.idle(batch.reqs, missed)
         return result
 
@@ -215,8 +220,8 @@ class ParseWorker(WorkerSetup, BaseSpecWorker):
         budgets = [p.budget if p.config.retrieval else 0 for p in policies]
         return self.retrieval.propose(batch.reqs, budgets)
 
-    def _draft_length(self, batch: ScheduleBatch, policies, copies) -> tuple[int, int, int]:
-        """The round's L: the server's, or the tier the adaptive controller chooses (rank 0's
+    def _draft_length(self, batch: ScheduleBatch, policies, copies) -> tuple[Tier, int, int]:
+        """The round's `Tier`: the server's L, or the tier the adaptive controller chooses (rank 0's
         on a tensor-parallel server: its costs are its own measurements); the window's L, which
         holds the copies the controller chose to verify (`retrieval.window_length`); and the decode steps
         a tier-0 round runs: `tier0_steps`, at most L + 1 (the slots SGLang reserves per round)
@@ -231,12 +236,13 @@ class ParseWorker(WorkerSetup, BaseSpecWorker):
         )
         longest = max(self.config.tier0_steps if p.left is None else p.left for p in policies)
         steps = 1 if stepwise else max(min(self.config.tier0_steps, self.config.draft_budget + 1, longest), 1)
-        length = self.draft_length.choose(batch.reqs, policies, self._rows_of(policies), steps, copies)
+        tier = self.draft_length.choose(batch.reqs, policies, self._rows_of(policies), steps, copies)
         copying = self.draft_length.copying
-        width = window_length(self.config.tiers, length, copies, copying) if any(copying) else max(length, 0)
-        length, steps, width = self._shared(length, steps, width)
-        self._drafting = length > 0  # what the next prefill defers by (the same on every TP rank)
-        return length, steps, width
+        width = window_length(self.config.tiers, tier.length, copies, copying) if any(copying) else tier.length
+        kind, length, steps, width = self._shared(KINDS.index(tier.kind), tier.length, steps, width)
+        tier = Tier(KINDS[kind], length)
+        self._drafting = tier.kind == "draft"  # what the next prefill defers by (the same on every TP rank)
+        return tier, steps, width
 
     def _rows_of(self, policies):
         """L -> the verify rows per request of this batch at draft length L."""
@@ -244,7 +250,7 @@ class ParseWorker(WorkerSetup, BaseSpecWorker):
         return lambda L: self.geometry.rows(L, probes)
 
     def _shared(self, *values: int) -> tuple[int, ...]:
-        """What the policy chose per round (a draft length, tier 0's steps): rank 0's on every TP rank."""
+        """What the policy chose per round (its tier, tier 0's steps, the window): rank 0's on every TP rank."""
         return self.tp.share_choice(*values) if self.draft_length.per_round else values
 
     def _decode_steps(self, batch: ScheduleBatch, committed: Committed, policies, steps: int):
@@ -273,8 +279,9 @@ class ParseWorker(WorkerSetup, BaseSpecWorker):
         if self.head:  # the head extends over every step's row
             self._verify_aux = torch.cat(aux, dim=1)  # [bs, steps, K*H]
         if steps > 1:  # every step's token kept: a = steps - 1 per request, a constant per shape
-            kept = self.constants.cached(("decode_steps", bs, steps),
-                                         lambda: torch.full((bs,), steps - 1, device=self.device))  # fmt: skip
+            kept = self.constants.cached(
+                ("decode_steps", bs, steps), lambda: torch.full((bs,), steps - 1, device=self.device)
+            )
             accepted = Accepted(torch.stack(tokens[1:], dim=1), kept, kept, accepted.verdict)
         self._draft_worker.idle(batch.reqs, [steps] * bs)
         for req in batch.reqs:  # SGLang counts one verify (of 0 correct drafts) per round; each step is one
@@ -343,9 +350,21 @@ class ParseWorker(WorkerSetup, BaseSpecWorker):
             proposals = proposals[:, : window.shape.draft_len]
         watermark = self.target_worker.model_runner.watermark_state
         hidden = self._verify_aux if self.judge_head is not None else None
-        return accept_round(batch, committed.seq_lens, window, chain_logits, probe_logits, chain, proposals,
-                            self.rejection_sampling, self.probe, self.answer_columns, watermark, hidden,
-                            self.judge_head)  # fmt: skip
+        return accept_round(
+            batch,
+            committed.seq_lens,
+            window,
+            chain_logits,
+            probe_logits,
+            chain,
+            proposals,
+            self.rejection_sampling,
+            self.probe,
+            self.answer_columns,
+            watermark,
+            hidden,
+            self.judge_head,
+        )
 
     def _record(self, reqs, window: Window, accepted: Accepted, graphed: bool, steps: int = 1, head: bool = False):
         """The round's result on the host (its one copy back): counters, target phases, and
@@ -356,13 +375,26 @@ class ParseWorker(WorkerSetup, BaseSpecWorker):
         self.draft_length.after_round(reqs, window, result, steps)
         record_round_stats(self.totals, reqs, window, result, graphed, steps, head)
         update_target_phases(
-            self.texts, reqs, window.configs, window.plan.judged.tolist(), window.plan.draft_lens.tolist(),
-            result.lengths, result.emitted,
-        )  # fmt: skip
+            self.texts,
+            reqs,
+            window.configs,
+            window.plan.judged.tolist(),
+            window.plan.draft_lens.tolist(),
+            result.lengths,
+            result.emitted,
+        )
         return result.lengths
 
-    def _result(self, batch, committed: Committed, window: Window, accepted: Accepted, chain_logits, graphed: bool,
-                steps: int = 1):  # fmt: skip
+    def _result(
+        self,
+        batch,
+        committed: Committed,
+        window: Window,
+        accepted: Accepted,
+        chain_logits,
+        graphed: bool,
+        steps: int = 1,
+    ):
         """What SGLang's scheduler commits; `graphed` (the draft chain and the verify both ran
         as graph replays) is what its decode log and metrics report as "cuda graph"; steps:
         the tokens per request that are no accepted draft (the bonus, or a tier-0 round's

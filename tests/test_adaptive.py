@@ -16,7 +16,6 @@ import torch
 from conftest import load_benchmark
 from parse_sglang.adaptive import (
     DECAY,
-    DRAFTING,
     ENDED_PRIOR,
     PRIOR_WEIGHT,
     PROBE_OVERHEAD,
@@ -26,7 +25,7 @@ from parse_sglang.adaptive import (
     PooledKeepRate,
 )
 from parse_sglang.cost_table import EXPLORE_SAMPLES, SAMPLES, CostTable, bucket
-from parse_sglang.draft_length import HEAD
+from parse_sglang.draft_length import DECODE, HEAD, drafting
 from parse_sglang.tools.profile_cost import main as profile_cost_main
 from parse_sglang.settings import ParseConfig, server_parse_config
 
@@ -47,29 +46,48 @@ EOS = frozenset({2})
 
 def policies(n: int, budget: int = 32, judged: bool = False, stride: int = 4):
     """RequestPolicy's fields the controller reads: a request with `budget + 1` tokens left."""
-    return [SimpleNamespace(budget=budget, judged=judged, left=budget + 1, phase=None, output_len=0, stop_ids=EOS,
-                            config=SimpleNamespace(probe_stride=stride)) for _ in range(n)]  # fmt: skip
+    return [
+        SimpleNamespace(
+            budget=budget,
+            judged=judged,
+            left=budget + 1,
+            phase=None,
+            output_len=0,
+            stop_ids=EOS,
+            config=SimpleNamespace(probe_stride=stride),
+        )
+        for _ in range(n)
+    ]
 
 
-def rows_of(tier: int) -> int:
-    return tier + 1
+def rows_of(length: int) -> int:
+    return length + 1
 
 
 def head_round(controller, reqs, accepted: list[int], draft_s: float = 0.0, rest_s: float = 0.0):
     """One head round of `reqs` (k = controller.head_steps drafts each): their accepted lengths."""
     k = controller.head_steps
-    plan = SimpleNamespace(draft_lens=torch.full((len(reqs),), k), confidence=torch.ones(len(reqs), k),
-                           judged=torch.zeros(len(reqs), dtype=torch.bool))  # fmt: skip
+    plan = SimpleNamespace(
+        draft_lens=torch.full((len(reqs),), k),
+        confidence=torch.ones(len(reqs), k),
+        judged=torch.zeros(len(reqs), dtype=torch.bool),
+    )
     controller.observe(reqs, HEAD, k + 1, plan, SimpleNamespace(lengths=accepted), draft_s, rest_s)
 
 
-def observe(controller, reqs, tier: int, accepted: list[int], draft_s: float = 0.0, rest_s: float = 0.0,
-            steps: int = 1):  # fmt: skip
-    """One round of `reqs` at `tier`, each drafting `tier` tokens: their accepted lengths (and
-    the round's measured seconds; a fixed table ignores them; steps: a tier-0 round's)."""
-    plan = SimpleNamespace(draft_lens=torch.full((len(reqs),), tier), confidence=torch.ones(len(reqs), tier),
-                           judged=torch.zeros(len(reqs), dtype=torch.bool))  # fmt: skip
-    controller.observe(reqs, tier, rows_of(tier), plan, SimpleNamespace(lengths=accepted), draft_s, rest_s, steps)
+def observe(
+    controller, reqs, length: int, accepted: list[int], draft_s: float = 0.0, rest_s: float = 0.0, steps: int = 1
+):
+    """One round of `reqs` at the tier of L = `length` (0: `DECODE`), each drafting `length` tokens: their
+    accepted lengths (and the round's measured seconds; a fixed table ignores them; steps: a tier-0 round's)."""
+    plan = SimpleNamespace(
+        draft_lens=torch.full((len(reqs),), length),
+        confidence=torch.ones(len(reqs), length),
+        judged=torch.zeros(len(reqs), dtype=torch.bool),
+    )
+    controller.observe(
+        reqs, drafting(length), rows_of(length), plan, SimpleNamespace(lengths=accepted), draft_s, rest_s, steps
+    )
 
 
 class FakeClock:
@@ -85,12 +103,14 @@ class FakeClock:
 def timed_round(controller, clock: FakeClock, req, draft_s: float, rest_s: float, caught_up: int = 0) -> None:
     """One round of `req` at L = 4 through the controller's clock (choose, drafts on the host,
     after_round): its draft part took draft_s, the rest rest_s, and it caught up over `caught_up` tokens."""
-    assert controller.choose([req], policies(1), rows_of, steps=4) == 4
+    assert controller.choose([req], policies(1), rows_of, steps=4) == drafting(4)
     clock.now += draft_s
     controller.drafts_on_host(caught_up=caught_up)
     clock.now += rest_s
-    window = SimpleNamespace(shape=SimpleNamespace(rows=5), plan=SimpleNamespace(
-        draft_lens=torch.tensor([4]), confidence=torch.ones(1, 4), judged=torch.tensor([False])))  # fmt: skip
+    window = SimpleNamespace(
+        shape=SimpleNamespace(rows=5),
+        plan=SimpleNamespace(draft_lens=torch.tensor([4]), confidence=torch.ones(1, 4), judged=torch.tensor([False])),
+    )
     controller.after_round([req], window, SimpleNamespace(lengths=[4], emitted=[[7] * 5]), steps=1)
 
 
@@ -100,30 +120,32 @@ def test_bucket_is_next_power_of_two():
 
 def test_cost_table_skips_warm_up_takes_medians_and_interpolates():
     table = CostTable()
-    table.observe(1, 8, 9, draft_s=5.0, rest_s=5.0)  # warm-up: not counted
-    assert table.cost(1, 8, 9) is None and table.measured_tiers(1) == set()
-    table.observe(1, 8, 9, draft_s=0.9, rest_s=0.1)
-    assert table.cost(1, 8, 9) == pytest.approx(1.0)
-    table.observe(1, 8, 9, draft_s=30.0, rest_s=0.1)  # a spike (a busy machine)
-    table.observe(1, 8, 9, draft_s=0.9, rest_s=0.1)
+    table.observe(1, drafting(8), 9, draft_s=5.0, rest_s=5.0)  # warm-up: not counted
+    assert table.cost(1, drafting(8), 9) is None and table.measured_tiers(1) == set()
+    table.observe(1, drafting(8), 9, draft_s=0.9, rest_s=0.1)
+    assert table.cost(1, drafting(8), 9) == pytest.approx(1.0)
+    table.observe(1, drafting(8), 9, draft_s=30.0, rest_s=0.1)  # a spike (a busy machine)
+    table.observe(1, drafting(8), 9, draft_s=0.9, rest_s=0.1)
     assert table.draft[1, 8] == pytest.approx(0.9)  # the median of the counted rounds
-    assert table.measured_tiers(1) == {8}  # EXPLORE_SAMPLES = 3 counted rounds
+    assert table.measured_tiers(1) == {drafting(8)}  # EXPLORE_SAMPLES = 3 counted rounds
     for _ in range(SAMPLES):
-        table.observe(1, 8, 9, draft_s=1.1, rest_s=0.1)
+        table.observe(1, drafting(8), 9, draft_s=1.1, rest_s=0.1)
     assert table.draft[1, 8] == pytest.approx(1.1)  # only the last SAMPLES rounds count
-    assert table.cost(1, 4, 5) is None  # one tier measured: nothing to interpolate from
+    assert table.cost(1, drafting(4), 5) is None  # one tier measured: nothing to interpolate from
     for _ in range(2):
-        table.observe(1, 0, 1, draft_s=0.1, rest_s=0.05)
-    assert table.measured_tiers(1) == {8}, "tier 0: one counted round so far"
+        table.observe(1, DECODE, 1, draft_s=0.1, rest_s=0.05)
+    assert table.measured_tiers(1) == {drafting(8)}, "tier 0: one counted round so far"
     # draft linear in L + 1 steps between (1, 0.1) and (9, 1.1); rest linear in rows (1, 0.05) .. (9, 0.1)
-    assert table.cost(1, 4, 5) == pytest.approx((0.1 + 1.0 * 4 / 8) + (0.05 + 0.05 * 4 / 8))
-    assert table.cost(1, 16, 17) == pytest.approx((0.1 + 1.0 * 16 / 8) + (0.05 + 0.05 * 16 / 8))  # extrapolated
-    assert table.cost(8, 4, 5) == table.cost(1, 4, 5)  # a bucket without cells borrows the nearest one's
+    assert table.cost(1, drafting(4), 5) == pytest.approx((0.1 + 1.0 * 4 / 8) + (0.05 + 0.05 * 4 / 8))
+    # extrapolated
+    assert table.cost(1, drafting(16), 17) == pytest.approx((0.1 + 1.0 * 16 / 8) + (0.05 + 0.05 * 16 / 8))
+    # a bucket without cells borrows the nearest one's
+    assert table.cost(8, drafting(4), 5) == table.cost(1, drafting(4), 5)
     for tier in (0, 8):
         for seconds in (0.0, 1.0):
-            table.observe(8, tier, tier + 1, seconds, seconds)
-    assert table.cost(8, 4, 5) == pytest.approx(2.0)  # its own, once it has them
-    assert table.cost(4, 4, 5) == pytest.approx(1.0)  # 4: nearer 8 than 1 (powers of two), scaled by 4 / 8
+            table.observe(8, drafting(tier), tier + 1, seconds, seconds)
+    assert table.cost(8, drafting(4), 5) == pytest.approx(2.0)  # its own, once it has them
+    assert table.cost(4, drafting(4), 5) == pytest.approx(1.0)  # 4: nearer 8 than 1 (powers of two), scaled by 4 / 8
 
 
 def test_a_smaller_bucket_prices_a_larger_ones_drafting_rounds_in_proportion():
@@ -136,11 +158,12 @@ def test_a_smaller_bucket_prices_a_larger_ones_drafting_rounds_in_proportion():
     for batch, cells in ((60, ((8, 9, 3.0, 2.43), (0, 1, 0.001, 0.52))), (15, ((0, 1, 0.001, 0.32),))):
         for tier, rows, draft_s, rest_s in cells:
             for _ in range(2):
-                table.observe(batch, tier, rows, draft_s, rest_s)
-    assert table.cost(60, 8, 9) == pytest.approx(3.0 + 2.43)  # control: its own cells
-    assert table.cost(15, 8, 9) == pytest.approx((3.0 + 2.43) * 16 / 64)  # bucket 16 from bucket 64
-    assert table.cost(15, 0, 1, steps=4) == pytest.approx(0.001 + 4 * 0.32)  # tier 0: its own
-    assert table.cost(100, 8, 9) == pytest.approx(3.0 + 2.43)  # bucket 128 from 64: unscaled (priced low already)
+                table.observe(batch, drafting(tier), rows, draft_s, rest_s)
+    assert table.cost(60, drafting(8), 9) == pytest.approx(3.0 + 2.43)  # control: its own cells
+    assert table.cost(15, drafting(8), 9) == pytest.approx((3.0 + 2.43) * 16 / 64)  # bucket 16 from bucket 64
+    assert table.cost(15, DECODE, 1, steps=4) == pytest.approx(0.001 + 4 * 0.32)  # tier 0: its own
+    # bucket 128 from 64: unscaled (priced low already)
+    assert table.cost(100, drafting(8), 9) == pytest.approx(3.0 + 2.43)
     for _ in range(2):
         table.observe(60, HEAD, 9, 1.0, 2.43)  # a head round: its draft part 1.0 s, 9 verify rows
     assert table.cost(15, HEAD, 9) == pytest.approx((1.0 + 2.43) * 16 / 64)  # the head tier alike
@@ -196,12 +219,12 @@ def test_tier_zero_is_priced_from_tier_zero_rounds_not_from_drafting_rounds():
     for n, tier, rows, draft_s, rest_s in ((1, 0, 1, 1e-4, 0.002), (16, 0, 1, 2e-4, 0.006),
                                            (32, 4, 5, 0.02, 0.056), (32, 8, 9, 0.036, 0.064)):  # fmt: skip
         for _ in range(3):  # a warm-up round, then two counted
-            table.observe(n, tier, rows, draft_s, rest_s)
+            table.observe(n, drafting(tier), rows, draft_s, rest_s)
     # the old rule extrapolated bucket 32's cells: draft 0.02 - 4 * 0.004, rest 0.056 - (0.064 - 0.056)
-    assert table.cost(32, 0, 1, steps=4) == pytest.approx(2e-4 + 4 * 0.006)  # bucket 16's tier-0 round
-    assert table.cost(2, 0, 1) == pytest.approx(1e-4 + 0.002)  # bucket 2 has no cells: the nearest, 1
-    assert table.cost(32, 16, 17) == pytest.approx(0.068 + 0.08)  # drafting tiers: still 32's own
-    assert table.cost(32, 8, 9) == pytest.approx(0.036 + 0.064)
+    assert table.cost(32, DECODE, 1, steps=4) == pytest.approx(2e-4 + 4 * 0.006)  # bucket 16's tier-0 round
+    assert table.cost(2, DECODE, 1) == pytest.approx(1e-4 + 0.002)  # bucket 2 has no cells: the nearest, 1
+    assert table.cost(32, drafting(16), 17) == pytest.approx(0.068 + 0.08)  # drafting tiers: still 32's own
+    assert table.cost(32, drafting(8), 9) == pytest.approx(0.036 + 0.064)
 
 
 def test_cost_table_load_round_trip_and_bad_files(tmp_path):
@@ -209,8 +232,8 @@ def test_cost_table_load_round_trip_and_bad_files(tmp_path):
     path.write_text(json.dumps(linear_costs().to_json()))
     loaded = CostTable.load(str(path))
     assert loaded.fixed and loaded.draft == linear_costs().draft and loaded.rest == linear_costs().rest
-    loaded.observe(1, 4, 5, 9.0, 9.0)
-    loaded.observe(1, 4, 5, 9.0, 9.0)
+    loaded.observe(1, drafting(4), 5, 9.0, 9.0)
+    loaded.observe(1, drafting(4), 5, 9.0, 9.0)
     assert loaded.draft[1, 4] == pytest.approx(0.01), "a loaded table is fixed"
     lines = loaded.describe().splitlines()
     assert lines[0] == (
@@ -241,9 +264,9 @@ def test_drafting_rounds_are_not_priced_from_decode_steps():
     table.rest.update({(1, 1): 0.0023, (1, 5): 0.0040})
     for L, draft_s, rest_s in ((4, 0.0105, 0.0070), (8, 0.0154, 0.0065), (16, 0.0303, 0.0085), (32, 0.0640, 0.0117)):
         table.draft[8, L], table.rest[8, L + 1] = draft_s, rest_s
-    assert table.cost(1, 32, 33) == pytest.approx(0.0640 * 0.0073 / 0.0105 + 0.0117 * 0.0040 / 0.0070)
-    assert table.cost(1, 0, 1, steps=4) == pytest.approx(0.0006 + 4 * 0.0023)
-    assert table.cost(1, 4, 5) == pytest.approx(0.0073 + 0.0040)
+    assert table.cost(1, drafting(32), 33) == pytest.approx(0.0640 * 0.0073 / 0.0105 + 0.0117 * 0.0040 / 0.0070)
+    assert table.cost(1, DECODE, 1, steps=4) == pytest.approx(0.0006 + 4 * 0.0023)
+    assert table.cost(1, drafting(4), 5) == pytest.approx(0.0073 + 0.0040)
 
 
 def test_output_ends_are_a_product_limit_estimate_of_finished_lengths():
@@ -284,11 +307,11 @@ def test_draft_tokens_past_where_outputs_end_are_worth_nothing():
     stopping = SimpleNamespace(left=30, output_len=32, stop_ids=EOS)
     late, early = policies(2, budget=32)
     late.output_len, late.left = 33, 64 - 33
-    assert controller.choose([SimpleNamespace()], [late], rows_of) == 32
+    assert controller.choose([SimpleNamespace()], [late], rows_of) == drafting(32)
     for _ in range(20):
         controller.ends.observe_round([stopping], SimpleNamespace(emitted=[[5, 5, 5, 5, 5, 2]], lengths=[5]))
-    assert controller.choose([SimpleNamespace()], [late], rows_of) == 4
-    assert controller.choose([SimpleNamespace()], [early], rows_of) == 32
+    assert controller.choose([SimpleNamespace()], [late], rows_of) == drafting(4)
+    assert controller.choose([SimpleNamespace()], [early], rows_of) == drafting(32)
 
 
 @pytest.mark.parametrize(
@@ -347,9 +370,18 @@ def test_benchmark_merges_runs_by_the_median_run(tmp_path):
     bench = load_benchmark("adaptive", "adaptive_benchmark")
 
     def row(mode, L, tps, **ratios):
-        return {"pair": "p", "mode": mode, "L": L, "batch": 8, "tokens_per_s": tps, "tokens_per_s_runs": [tps, tps + 1],
-                "ratio_to_target_only": ratios.get("base"), "ratio_to_target_only_runs": [ratios.get("base")] * 2,
-                "ratio_to_best_fixed": ratios.get("fixed"), "ratio_to_target_only_sync": ratios.get("sync")}  # fmt: skip
+        return {
+            "pair": "p",
+            "mode": mode,
+            "L": L,
+            "batch": 8,
+            "tokens_per_s": tps,
+            "tokens_per_s_runs": [tps, tps + 1],
+            "ratio_to_target_only": ratios.get("base"),
+            "ratio_to_target_only_runs": [ratios.get("base")] * 2,
+            "ratio_to_best_fixed": ratios.get("fixed"),
+            "ratio_to_target_only_sync": ratios.get("sync"),
+        }
 
     files = []
     for i, (base, sync, fixed, adaptive) in enumerate([(100, 75, 50, 90), (80, 60, 60, 70), (120, 90, 40, 130)]):
@@ -392,9 +424,19 @@ def test_benchmark_pairs_ratios_round_by_round():
     bench = load_benchmark("adaptive", "adaptive_benchmark")
 
     def row(mode, L, runs):
-        return {"pair": "p", "batch": 8, "mode": mode, "L": L, "tokens_per_s": statistics.median(runs),
-                "tokens_per_s_runs": runs, "output_tokens": 80, "tokens_per_round": 1.0, "output_ids": [[1]],
-                "lossless": mode in ("fixed", "adaptive"), "mean_L": 0.0}  # fmt: skip
+        return {
+            "pair": "p",
+            "batch": 8,
+            "mode": mode,
+            "L": L,
+            "tokens_per_s": statistics.median(runs),
+            "tokens_per_s_runs": runs,
+            "output_tokens": 80,
+            "tokens_per_round": 1.0,
+            "output_ids": [[1]],
+            "lossless": mode in ("fixed", "adaptive"),
+            "mean_L": 0.0,
+        }
 
     rows = [row("target_only", None, [100, 80, 120]), row("target_only_sync", None, [110, 70, 130]),
             row("fixed", 4, [50, 60, 40]), row("fixed", 8, [55, 50, 45]), row("adaptive", None, [90, 88, 130])]  # fmt: skip
@@ -417,15 +459,16 @@ def test_the_head_tier_has_its_own_cost_cells_and_acceptance(tmp_path):
     rows (so it is tried), kept in the table's JSON; what head rounds keep is learnt on curves of
     their own, never on PARSE's draft's."""
     online = CostTable()
-    online.observe(1, 0, 1, 0.001, 0.02)
-    online.observe(1, 0, 1, 0.001, 0.02)
-    online.observe(1, 4, 5, 0.01, 0.022)
-    online.observe(1, 4, 5, 0.01, 0.022)
+    online.observe(1, DECODE, 1, 0.001, 0.02)
+    online.observe(1, DECODE, 1, 0.001, 0.02)
+    online.observe(1, drafting(4), 5, 0.01, 0.022)
+    online.observe(1, drafting(4), 5, 0.01, 0.022)
     untried = online.cost(1, HEAD, 4)
-    assert untried == pytest.approx(0.001 + online.cost(1, 4, 4) - 0.01)  # tier 0's draft part, the rest at 4 rows
+    # tier 0's draft part, the rest at 4 rows
+    assert untried == pytest.approx(0.001 + online.cost(1, drafting(4), 4) - 0.01)
     for _ in range(EXPLORE_SAMPLES + 1):
         online.observe(1, HEAD, 4, 0.004, 0.0215)
-    assert online.head == {1: 0.004} and (1, HEAD) not in online.draft
+    assert online.head == {1: 0.004} and set(online.draft) == {(1, 0), (1, 4)}  # no cell of PARSE's draft
     assert online.cost(1, HEAD, 4) == pytest.approx(0.004 + 0.0215) and online.cost(8, HEAD, 4) == pytest.approx(0.0255)
     assert HEAD in online.measured_tiers(1)
     path = tmp_path / "costs.json"
@@ -444,24 +487,22 @@ def test_the_head_tier_has_its_own_cost_cells_and_acceptance(tmp_path):
     assert reqs[1].parse.head_keep_rate.expected(3, controller.head_pooled) < 2.5
     own = reqs[1].parse.keep_rate  # made when the tiers were valued, never observed by a head round
     assert own.kept == own.rejected == 0.0 and own.prior_weight == PRIOR_WEIGHT, "a head round is no round of PARSE's"
-    assert controller._since[DRAFTING] == pytest.approx(costs.cost(2, HEAD, 4)), (
-        "a head round drafts nothing of PARSE's"
-    )
-    assert controller._since[HEAD] == 0.0
+    assert controller._since["draft"] == pytest.approx(costs.cost(2, HEAD, 4)), "a head round drafts nothing of PARSE's"
+    assert controller._since["head"] == 0.0
     # without a head such a batch runs tier 0
     no_head = AdaptiveDraftLength(TIERS, costs)
     for _ in range(200):
         no_head.pooled.observe(4, 0)
-    assert no_head.choose([SimpleNamespace(), SimpleNamespace()], policies(2), rows_of) == 0
+    assert no_head.choose([SimpleNamespace(), SimpleNamespace()], policies(2), rows_of) == DECODE
     # in a target phase (probe_stride 4) a request keeps at most what is left of it, less the bonus
     keeps_all = AdaptiveDraftLength(TIERS, costs)
     for _ in range(200):
         keeps_all.pooled.observe(32, 32)
-    assert keeps_all.choose([SimpleNamespace()], policies(1), rows_of) == 32
+    assert keeps_all.choose([SimpleNamespace()], policies(1), rows_of) == drafting(32)
     in_phase = [SimpleNamespace(**{**vars(p), "phase": [1, 2]}) for p in policies(1, stride=4)]
-    assert keeps_all.choose([SimpleNamespace()], in_phase, rows_of) == 4, "one draft token left to keep"
+    assert keeps_all.choose([SimpleNamespace()], in_phase, rows_of) == drafting(4), "one draft token left to keep"
     at_end = [SimpleNamespace(**{**vars(p), "phase": [1, 2, 3]}) for p in policies(1, stride=4)]
-    assert keeps_all.choose([SimpleNamespace()], at_end, rows_of) == 0, "none left: tier 0 is the cheapest"
+    assert keeps_all.choose([SimpleNamespace()], at_end, rows_of) == DECODE, "none left: tier 0 is the cheapest"
 
 
 def test_draft_length_policies_fixed_and_adaptive():
@@ -471,12 +512,12 @@ def test_draft_length_policies_fixed_and_adaptive():
 
     fixed = FixedDraftLength(8)
     assert not fixed.per_round and fixed.server_state() == {}
-    assert fixed.choose([SimpleNamespace()], policies(1), rows_of, steps=4) == 8
+    assert fixed.choose([SimpleNamespace()], policies(1), rows_of, steps=4) == drafting(8)
     adaptive = AdaptiveDraftLength.of(ParseConfig(draft_budget=8, adaptive=True))
-    assert adaptive.per_round and adaptive.tiers == [0, 4, 8]
+    assert adaptive.per_round and adaptive.tiers == [DECODE, drafting(4), drafting(8)]
     req = SimpleNamespace()
     tier = adaptive.choose([req], policies(1, budget=8), rows_of, steps=4)
-    assert tier == 4  # nothing measured: the shortest drafting tier first
+    assert tier == drafting(4)  # nothing measured: the shortest drafting tier first
     adaptive.drafts_on_host()
     assert getattr(req, "parse", None) is None  # nothing learnt of the request before its round ends
     plan = SimpleNamespace(
@@ -544,13 +585,13 @@ def test_the_controller_runs_the_tier_with_the_most_tokens_per_second():
         rates = {}
         for tier in TIERS:
             tokens = 1 + controller.keep_rate(SimpleNamespace()).expected(tier, controller.pooled) if tier else 4
-            rates[tier] = tokens / controller.costs.cost(1, tier, rows_of(tier), 4 if tier == 0 else 1)
-        assert controller.choose([SimpleNamespace()], policies(1), rows_of, steps=4) == want
+            rates[tier] = tokens / controller.costs.cost(1, drafting(tier), rows_of(tier), 4 if tier == 0 else 1)
+        assert controller.choose([SimpleNamespace()], policies(1), rows_of, steps=4) == drafting(want)
         assert max(rates, key=rates.get) == want, rates
     keeps_all = AdaptiveDraftLength(TIERS, linear_costs())
     for _ in range(200):
         keeps_all.pooled.observe(32, 32)
-    assert keeps_all.choose([SimpleNamespace()], policies(1, budget=5), rows_of, steps=4) == 4
+    assert keeps_all.choose([SimpleNamespace()], policies(1, budget=5), rows_of, steps=4) == drafting(4)
 
 
 def test_start_up_measures_the_shortest_drafting_tier_then_tier_zero():
@@ -559,7 +600,7 @@ def test_start_up_measures_the_shortest_drafting_tier_then_tier_zero():
     controller, req = AdaptiveDraftLength((0, 8, 32), CostTable()), [SimpleNamespace()]
     tiers = []
     for _ in range(2 * (1 + EXPLORE_SAMPLES) + 1):
-        tiers.append(controller.choose(req, policies(1), rows_of, steps=4))
+        tiers.append(controller.choose(req, policies(1), rows_of, steps=4).length)
         seconds = (0.001, 4 * 0.012) if tiers[-1] == 0 else (0.02, 0.012)  # a decode step as dear as L = 8's verify
         observe(controller, req, tiers[-1], [8 if tiers[-1] else 3], *seconds, steps=4 if tiers[-1] == 0 else 1)
     assert tiers[:-1] == [8] * (1 + EXPLORE_SAMPLES) + [0] * (1 + EXPLORE_SAMPLES)
@@ -578,12 +619,12 @@ def test_probes_out_of_tier_zero_lose_at_most_the_overhead():
         for _ in range(200):
             controller.pooled.observe(4, 0)
         tiers, lost, total = [], 0.0, 0.0
-        zero = costs.cost(1, 0, 1, steps=4) / 4  # a decode step: tier 0's seconds per token
+        zero = costs.cost(1, DECODE, 1, steps=4) / 4  # a decode step: tier 0's seconds per token
         for _ in range(2000):
-            tier = controller.choose(req, policies(1), rows_of, steps=4)
+            tier = controller.choose(req, policies(1), rows_of, steps=4).length
             tiers.append(tier)
             kept = tier if keeps else 0
-            seconds = costs.cost(1, tier, rows_of(tier), 4 if tier == 0 else 1)
+            seconds = costs.cost(1, drafting(tier), rows_of(tier), 4 if tier == 0 else 1)
             total += seconds
             if tier:
                 lost += seconds - (1 + kept) * zero
@@ -603,8 +644,8 @@ def test_a_catch_up_is_priced_by_a_line_through_the_catch_ups():
     tokens, the synthetic pair's batch of 32 priced its prompts at 0.56 s against a ~20 ms round)."""
     controller = AdaptiveDraftLength((0, 8), CostTable())
     for _ in range(1 + EXPLORE_SAMPLES):
-        controller.costs.observe(1, 8, 9, 0.020, 0.01)
-        controller.costs.observe(32, 8, 9, 0.040, 0.05)
+        controller.costs.observe(1, drafting(8), 9, 0.020, 0.01)
+        controller.costs.observe(32, drafting(8), 9, 0.040, 0.05)
     assert controller._catch_up_seconds(100) == 0.0  # none seen yet
     controller._catch_ups.append((1, 8, 0.020 + 0.0095, 21))  # 9.5 ms over 21 tokens
     assert controller._catch_up_seconds(1253) == pytest.approx(0.0095)
@@ -628,11 +669,11 @@ def test_a_drafting_round_bears_its_catch_up():
     controller.costs = CostTable(draft=dict(costs.draft), rest=dict(costs.rest))  # online: catch-ups are priced
     for key in list(costs.draft):
         controller.costs._measured.add((id(controller.costs.draft), key))
-    controller._catch_ups.append((1, 8, costs.draft[1, 8] + 30 * costs.cost(1, 0, 1), 500))
+    controller._catch_ups.append((1, 8, costs.draft[1, 8] + 30 * costs.cost(1, DECODE, 1), 500))
     for behind, want in ((500, 0), (0, 8)):
         req = SimpleNamespace()
         state_of(req).draft_behind = behind
-        assert controller.choose([req], policies(1), rows_of, steps=4) == want, behind
+        assert controller.choose([req], policies(1), rows_of, steps=4) == drafting(want), behind
 
 
 def test_a_head_that_keeps_nothing_is_probed_within_the_overhead():
@@ -647,21 +688,21 @@ def test_a_head_that_keeps_nothing_is_probed_within_the_overhead():
         controller.pooled.observe(4, 0)
         controller.head_pooled.observe(3, 0)
     req, tiers, lost, total = [SimpleNamespace()], [], 0.0, 0.0
-    zero = costs.cost(1, 0, 1, steps=4) / 4
+    zero = costs.cost(1, DECODE, 1, steps=4) / 4
     for _ in range(1000):
         tier = controller.choose(req, policies(1), rows_of, steps=4)
         tiers.append(tier)
-        seconds = costs.cost(1, tier, 4 if tier == HEAD else rows_of(tier), 4 if tier == 0 else 1)
+        seconds = costs.cost(1, tier, 4 if tier == HEAD else rows_of(tier.length), 4 if tier == DECODE else 1)
         total += seconds
         if tier == HEAD:
             lost += seconds - zero
             head_round(controller, req, [0])
         else:
-            observe(controller, req, tier, [0 if tier else 3], steps=4 if tier == 0 else 1)
-    assert tiers[0] == 0 and HEAD in tiers and 4 in tiers and tiers[-50:].count(0) > 25
+            observe(controller, req, tier.length, [0 if tier.length else 3], steps=4 if tier == DECODE else 1)
+    assert tiers[0] == DECODE and HEAD in tiers and drafting(4) in tiers and tiers[-50:].count(DECODE) > 25
     assert 0 < lost <= PROBE_OVERHEAD * total
     while (tier := controller.choose(req, policies(1), rows_of, steps=4)) != HEAD:
-        observe(controller, req, tier, [0 if tier else 3], steps=4 if tier == 0 else 1)
+        observe(controller, req, tier.length, [0 if tier.length else 3], steps=4 if tier == DECODE else 1)
     for _ in range(20):
         head_round(controller, req, [3])
     assert controller.choose(req, policies(1), rows_of, steps=4) == HEAD

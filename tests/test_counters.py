@@ -38,8 +38,15 @@ def test_request_and_server_counters_agree():
     ]
     for length, per_req, scores in rounds:
         new = sum(record_round(req, length, *counts, None) for req, counts in zip(reqs, per_req))
-        totals.add_pass(new, len(reqs), *(sum(c[k] for c in per_req) for k in range(3)), scores, graphed=True,
-                        verify_rows=2 * 9, draft_length=2 * length)  # fmt: skip
+        totals.add_pass(
+            new,
+            len(reqs),
+            *(sum(c[k] for c in per_req) for k in range(3)),
+            scores,
+            graphed=True,
+            verify_rows=2 * 9,
+            draft_length=2 * length,
+        )
     stats = [req.customized_info[counters.STATS_KEY][0] for req in reqs]
     assert stats[0] == dict(zip(COUNTERS, (2, 12, 8, 6, 1, 2, 0, 0, 0, 0))) and stats[1] == dict(
         zip(COUNTERS, (2, 12, 7, 1, 2, 3, 0, 0, 0, 0))
@@ -80,18 +87,33 @@ def test_a_tier_zero_round_of_decode_steps_counts_each_step_as_a_round():
     reqs, totals = [_Req(), _Req()], ServerTotals()
     for req, outputs in zip(reqs, ((RETURN_PROBE_SCORES,), ())):
         req.parse = RequestState(resolved=SimpleNamespace(outputs=outputs))
-    plan = SimpleNamespace(draft_lens=torch.zeros(2, dtype=torch.int64), bounds=torch.zeros(2, 0, dtype=torch.int64),
-                           probed=torch.zeros(2, dtype=torch.bool), token_modes=torch.zeros(2, dtype=torch.int64),
-                           drafts=torch.zeros(2, 0, dtype=torch.int64), confidence=torch.zeros(2, 0),
-                           copied=torch.zeros(2, dtype=torch.bool))  # fmt: skip
+    plan = SimpleNamespace(
+        draft_lens=torch.zeros(2, dtype=torch.int64),
+        bounds=torch.zeros(2, 0, dtype=torch.int64),
+        probed=torch.zeros(2, dtype=torch.bool),
+        token_modes=torch.zeros(2, dtype=torch.int64),
+        drafts=torch.zeros(2, 0, dtype=torch.int64),
+        confidence=torch.zeros(2, 0),
+        copied=torch.zeros(2, dtype=torch.bool),
+    )
     window = SimpleNamespace(plan=plan, shape=SimpleNamespace(draft_len=0, rows=1))
-    result = RoundResult(emitted=[[5, 6, 7], [8, 9, 10]], lengths=[2, 2], exact_tokens=[2, 2], probe_scores=None,
-                         token_scores=None)  # fmt: skip
+    result = RoundResult(
+        emitted=[[5, 6, 7], [8, 9, 10]], lengths=[2, 2], exact_tokens=[2, 2], probe_scores=None, token_scores=None
+    )
     record_round_stats(totals, reqs, window, result, graphed=True, steps=3)
     stats = [req.customized_info[counters.STATS_KEY][0] for req in reqs]
     assert [{k: s[k] for k in COUNTERS} for s in stats] == [dict(zip(COUNTERS, (3, 0, 0, 0, 0, 0, 0, 0, 0, 0)))] * 2
-    entry = {"length": 0, "head": False, "draft": [], "confidence": [], "accepted": 0, "exact": 0, "copied": False,
-             "probes": [], "tokens": []}  # fmt: skip
+    entry = {
+        "length": 0,
+        "head": False,
+        "draft": [],
+        "confidence": [],
+        "accepted": 0,
+        "exact": 0,
+        "copied": False,
+        "probes": [],
+        "tokens": [],
+    }
     assert stats[0][counters.PROBE_SCORES] == [entry] * 3 and counters.PROBE_SCORES not in stats[1]
     summary = totals.summary()
     passes = (totals.requests, totals.rounds, totals.verify_passes, totals.batch_rounds, totals.graph_passes)

@@ -156,8 +156,8 @@ def test_bad_files_are_refused_by_name(tmp_path):
     bad.write_text("{}")
     with pytest.raises(ValueError, match=r"trace .*t\.json.* is invalid \(KeyError"):
         Trace.load(bad)
-    bad.write_text(json.dumps({"pair": "p", "max_new_tokens": 8, "requests": [
-        {"prompt_len": 3, "match": "11", "confidence": [1], "stopped": True}]}))  # fmt: skip
+    short = {"prompt_len": 3, "match": "11", "confidence": [1], "stopped": True}  # one confidence for two positions
+    bad.write_text(json.dumps({"pair": "p", "max_new_tokens": 8, "requests": [short]}))
     with pytest.raises(ValueError, match="request 0 has no output or a confidence per position missing"):
         Trace.load(bad)
     bad.write_text(json.dumps({"table": {"draft": [], "rest": []}}))
@@ -179,9 +179,9 @@ def test_the_recorder_reads_the_synthetic_pair_in_sglang(tmp_path):
     """benchmarks/trace.py, 2 problems: the target reads its own greedy outputs back as its top-1 at
     every position (fp32: exactly), so the recorder's positions line up; the draft matches some."""
     out = tmp_path / "trace.json"
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "trace.py"), "--pair", "synthetic", "--count",
-                           "2", "--max-new-tokens", "24", "--batch", "2", "--out", str(out)],
-                          capture_output=True, text=True, timeout=900, cwd=ROOT)  # fmt: skip
+    argv = [sys.executable, str(ROOT / "benchmarks" / "trace.py"), "--pair", "synthetic", "--count", "2",
+            "--max-new-tokens", "24", "--batch", "2", "--out", str(out)]  # fmt: skip
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=900, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
     raw = json.loads(out.read_text())
     assert raw["self_match"] == 1.0 and raw["pair"] == "synthetic" and len(raw["requests"]) == 2

@@ -11,6 +11,7 @@ import torch
 
 from parse_sglang.adaptive import AdaptiveDraftLength
 from parse_sglang.cost_table import CostTable
+from parse_sglang.draft_length import DECODE
 from parse_sglang.request_state import RequestPolicy
 from parse_sglang.retrieval import (
     Copy,
@@ -166,12 +167,12 @@ def test_the_controller_verifies_a_copy_where_it_pays_and_not_where_it_does_not(
     copies = [Copy(tuple(range(12)), 20)]
     for _ in range(30):
         chooser.copy_keep.observe(20, 12, 0)
-    assert chooser.choose(reqs, policies, lambda L: L + 1, 1, copies) in (0, 4, 16) and chooser.copying == ()
+    assert chooser.choose(reqs, policies, lambda L: L + 1, 1, copies) in chooser.tiers and chooser.copying == ()
     for _ in range(30):
         chooser.copy_keep.observe(20, 12, 12)
-    assert chooser.choose(reqs, policies, lambda L: L + 1, 1, copies) == 0 and list(chooser.copying) == [True]
-    assert window_length(chooser.tiers, 0, copies, chooser.copying) == 16
-    assert chooser.choose(reqs, policies, lambda L: L + 1, 1, None) in (0, 4, 16) and chooser.copying == ()
+    assert chooser.choose(reqs, policies, lambda L: L + 1, 1, copies) == DECODE and list(chooser.copying) == [True]
+    assert window_length(chooser.lengths, 0, copies, chooser.copying) == 16
+    assert chooser.choose(reqs, policies, lambda L: L + 1, 1, None) in chooser.tiers and chooser.copying == ()
 
 
 def test_a_round_of_copies_teaches_the_copy_rate_not_the_drafts():
@@ -182,11 +183,13 @@ def test_a_round_of_copies_teaches_the_copy_rate_not_the_drafts():
     copies = [Copy(tuple(range(12)), 20), None]
     for _ in range(10):
         chooser.copy_keep.observe(20, 12, 12)
-    assert chooser.choose(reqs, policies, lambda L: L + 1, 1, copies) == 0 and list(chooser.copying) == [True, False]
+    assert chooser.choose(reqs, policies, lambda L: L + 1, 1, copies) == DECODE
+    assert list(chooser.copying) == [True, False]
     kept, pooled = chooser.copy_keep.kept[CopyKeep.bin(20)], (chooser.pooled.kept, chooser.pooled.reached)
     chooser.drafts_on_host()
-    plan = SimpleNamespace(draft_lens=torch.tensor([12, 0]), judged=torch.zeros(2, dtype=torch.bool),
-                           confidence=torch.ones(2, 16))  # fmt: skip
+    plan = SimpleNamespace(
+        draft_lens=torch.tensor([12, 0]), judged=torch.zeros(2, dtype=torch.bool), confidence=torch.ones(2, 16)
+    )
     result = SimpleNamespace(lengths=[7, 0], emitted=[list(range(8)), [5]])
     chooser.after_round(reqs, SimpleNamespace(shape=SimpleNamespace(rows=17), plan=plan), result, 1)
     assert chooser.copy_keep.kept[CopyKeep.bin(20)] == pytest.approx(0.98 * kept + 7)

@@ -20,6 +20,7 @@ from conftest import (
 )
 from parse_sglang.adaptive import PROBE_OVERHEAD, AdaptiveDraftLength
 from parse_sglang.cost_table import EXPLORE_SAMPLES, CostTable, bucket
+from parse_sglang.draft_length import DECODE, drafting
 from parse_sglang.settings import parse_engine_kwargs
 from parse_sglang.tools.profile_cost import main as profile_cost_main
 from parse_sglang.settings import ParseConfig
@@ -35,8 +36,9 @@ SCORES = {"parse": {"return_probe_scores": True}}  # each round's entry carries 
 def adaptive(cost_table: str = "", **judge) -> ParseConfig:
     """The draft model's tiers alone (copies are test_sglang_retrieval.py's)."""
     judge = judge or {"judge": False}
-    return probe_config(draft_budget=8, adaptive=True, adaptive_tiers=list(TIERS[:-1]), cost_table=cost_table,
-                        retrieval=False, **judge)  # fmt: skip
+    return probe_config(
+        draft_budget=8, adaptive=True, adaptive_tiers=list(TIERS[:-1]), cost_table=cost_table, retrieval=False, **judge
+    )
 
 
 @pytest.fixture(scope="module")
@@ -118,8 +120,9 @@ def test_tier_zero_runs_its_decode_steps_back_to_back(tiny_pair, drafts, pinned_
     config = adaptive(pinned_costs, judge_mode="probe", tier0_steps=4)
     lossless = {"parse": {**SCORES["parse"], "judge": False}}
     with engine_factory(tiny_pair[0], **parse_engine_kwargs(drafts["useless"], config)) as engine:
-        outs = engine.generate(BATCH_PROMPTS, {"max_new_tokens": MAX_NEW, "temperature": 0.0,
-                                               "custom_params": lossless})  # fmt: skip
+        outs = engine.generate(
+            BATCH_PROMPTS, {"max_new_tokens": MAX_NEW, "temperature": 0.0, "custom_params": lossless}
+        )
         stepped = engine.get_server_info()["internal_states"][0]["parse"]
         engine.generate(BATCH_PROMPTS, {"max_new_tokens": 16, "temperature": 0.0, "frequency_penalty": 0.5})
         penalized = engine.get_server_info()["internal_states"][0]["parse"]
@@ -144,8 +147,8 @@ def test_identical_draft_runs_the_longest_tier(tiny_pair, drafts, pinned_costs, 
     costs, n = CostTable.load(pinned_costs), len(BATCH_PROMPTS)
     fresh = AdaptiveDraftLength(TIERS, costs)  # the server's tiers: adaptive_tiers and L
     keeps = fresh.keep_rate(SimpleNamespace()).expected(2, fresh.pooled)
-    zero = costs.cost(n, 0, 1, steps=4)  # a tier-0 round: 4 decode steps, each a round of L = 0
-    loss = costs.cost(n, 2, 3) - (1 + keeps) * zero / 4  # a probe's seconds less its tokens' at tier 0's rate
+    zero = costs.cost(n, DECODE, 1, steps=4)  # a tier-0 round: 4 decode steps, each a round of L = 0
+    loss = costs.cost(n, drafting(2), 3) - (1 + keeps) * zero / 4  # a probe's seconds less its tokens' at tier 0's rate
     first_probe = 4 * math.ceil(loss / (PROBE_OVERHEAD * zero))
     outs, lengths, totals = serve(engine_factory, tiny_pair[0], drafts["identical"], adaptive(pinned_costs))
     assert_lossless(outs, target_greedy)
@@ -183,8 +186,9 @@ def test_deferred_draft_prefill_and_reused_slots(tiny_pair, drafts, pinned_costs
         second_ids = [ids + out["output_ids"] for ids, out in zip(first_ids, first)]
 
         async def second_turn_while_drafting():
-            driver = await engine.async_generate(input_ids=tokenizer("Once upon").input_ids, sampling_params=long,
-                                                 stream=True)  # fmt: skip
+            driver = await engine.async_generate(
+                input_ids=tokenizer("Once upon").input_ids, sampling_params=long, stream=True
+            )
             async for chunk in driver:
                 if chunk["meta_info"]["completion_tokens"] >= 150:  # drafting at L = 8 by now
                     break

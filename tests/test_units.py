@@ -94,8 +94,11 @@ def _accept(drafts, targets, bounds, scores, threshold, judge):
     """Probe-judged acceptance (judge_mode "probe")."""
     lens = torch.tensor([len(d) for d in drafts])
     draft = pad_ragged(drafts, 0, torch.long)
-    reach = probe_reach(pad_ragged(scores, 0.0, torch.float), torch.tensor(threshold, dtype=torch.float),
-                        pad_ragged(bounds, 0, torch.long))  # fmt: skip
+    reach = probe_reach(
+        pad_ragged(scores, 0.0, torch.float),
+        torch.tensor(threshold, dtype=torch.float),
+        pad_ragged(bounds, 0, torch.long),
+    )
     every = torch.ones(draft.shape, dtype=torch.bool)  # no token judge: every token passes it
     passed = judged_tokens(draft.shape[1], torch.tensor(judge), torch.ones(len(drafts), dtype=torch.bool), reach, every)
     return accept_lengths(draft, lens, pad_ragged(targets, -1, torch.long), passed)
@@ -141,12 +144,17 @@ def test_likelihood_judge_accepts_each_likely_token_and_exact_matches_pass_it():
     """Draft [5, 6, 7, 8, 9] against the target's [5, 0, 7, 0, 0]: target probabilities 0.1, 0.8,
     0.05, 0.4, 0.9 at λ = 0.5: d_1 and d_3 are exact (an exact match needs no judge, however
     unlikely), d_2 is likely, d_4 is neither: the round keeps 3 tokens, 1 by the judge."""
-    stats = judge.ChainStats(torch.tensor([[5, 0, 7, 0, 0, 0]]), torch.tensor([[0.1, 0.8, 0.05, 0.4, 0.9]]),
-                             torch.ones(1, 5), torch.ones(1, 5))  # fmt: skip
+    stats = judge.ChainStats(
+        torch.tensor([[5, 0, 7, 0, 0, 0]]),
+        torch.tensor([[0.1, 0.8, 0.05, 0.4, 0.9]]),
+        torch.ones(1, 5),
+        torch.ones(1, 5),
+    )
     drafts = torch.tensor([[5, 6, 7, 8, 9]])
     mode = torch.tensor([judge.TOKEN_JUDGES["likelihood"]])
-    ok, _ = judge.token_passes(stats, drafts == stats.top_tokens[:, :-1], torch.tensor([5]), mode,
-                               torch.tensor([0.5]), torch.tensor([1]), None)  # fmt: skip
+    ok, _ = judge.token_passes(
+        stats, drafts == stats.top_tokens[:, :-1], torch.tensor([5]), mode, torch.tensor([0.5]), torch.tensor([1]), None
+    )
     passed = judged_tokens(5, torch.tensor([True]), torch.tensor([False]), torch.tensor([0]), ok)
     got = accept_lengths(drafts, torch.tensor([5]), stats.top_tokens, passed)
     assert (got.exact.item(), got.accepted.item(), got.judged.item()) == (1, 3, 2)

@@ -51,8 +51,13 @@ def test_one_row_window_is_a_decode_step():
     """L = 0 (an adaptive tier-0 round): each request's one row is c_n at position P, seeing its
     P committed tokens and itself (FULL form: P + 1 True per request)."""
     prefix = torch.tensor([0, 5, 3])
-    ids, positions, mask = window_inputs(WindowShape(0, 0, 0), prefix, torch.tensor([[7], [8], [9]], dtype=torch.int32),
-                                         torch.zeros(3, 0, dtype=torch.int64), torch.zeros(0, dtype=torch.int64))  # fmt: skip
+    ids, positions, mask = window_inputs(
+        WindowShape(0, 0, 0),
+        prefix,
+        torch.tensor([[7], [8], [9]], dtype=torch.int32),
+        torch.zeros(3, 0, dtype=torch.int64),
+        torch.zeros(0, dtype=torch.int64),
+    )
     assert ids.tolist() == [7, 8, 9] and ids.dtype == torch.int64
     assert positions.tolist() == [0, 5, 3]
     assert mask.tolist() == [True] * 3
