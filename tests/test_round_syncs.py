@@ -143,7 +143,9 @@ def test_tier0_decode_steps_read_the_device_once_per_round(tiny_pair, engine_fac
     costs = tmp_path / "costs.json"
     costs.write_text(json.dumps({"draft": [{"bucket": 16, "L": L, "seconds": float(L)} for L in (0, 4)],
                                  "rest": [{"bucket": 16, "rows": r, "seconds": 1e-3} for r in (1, 5)]}))  # fmt: skip
-    config = probe_config(draft_budget=4, adaptive=True, adaptive_tiers=[0], cost_table=str(costs), judge=False)
+    config = probe_config(
+        draft_budget=4, adaptive=True, adaptive_tiers=[0], cost_table=str(costs), judge=False, retrieval=False
+    )  # decode steps alone (copies: test_sglang_retrieval.py)
     params = {"max_new_tokens": MAX_NEW, "temperature": 0.0}
     outs, records, totals = serve_probed(engine_factory, tiny_pair, config, params, tmp_path / "rounds.json")
     assert all(len(o["output_ids"]) == MAX_NEW for o in outs)
