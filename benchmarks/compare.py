@@ -475,7 +475,7 @@ def run(args, work: Workload, progress=lambda line: print(line, file=sys.stderr,
     requests = len(work.prompt_ids) if args.open_loop is not None else max(args.batch)
     base = base_settings(work, requests, args.max_new_tokens, cuda)
     setup = dict(suite=work.suite, first=work.first, num_problems=len(work.prompt_ids),
-                 max_new_tokens=args.max_new_tokens, dtype=work.dtype, target=work.target, draft=work.draft)  # fmt: skip
+                 max_new_tokens=args.max_new_tokens, dtype=work.dtype, target=Path(work.target).name, draft=Path(work.draft).name)  # fmt: skip
     common = dict(command=args.command, commit=git_commit())
     measured = []
     for repeat in range(args.repeats):
