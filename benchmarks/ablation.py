@@ -89,8 +89,10 @@ def main(argv=None) -> int:
                         row[name] = adaptive_speed(trace, machine, load, config)
                 rows.append(row)
                 cells = " ".join(f"{n} {row[n] / row['full']:.3f}" for n in names[1:])
-                line = (f"{row['machine']:>8} {row['trace']:>15} {load:>10} full {row['full_x_target']:.3f}x target "
-                        f"{row['full_x_best_fixed']:.3f}x best fixed | {cells}")  # fmt: skip
+                line = (
+                    f"{row['machine']:>8} {row['trace']:>15} {load:>10} full {row['full_x_target']:.3f}x target "
+                    f"{row['full_x_best_fixed']:.3f}x best fixed | {cells}"
+                )
                 print(json.dumps(row) if args.json else line, flush=True)
     if not args.json:
         for name in names[1:]:

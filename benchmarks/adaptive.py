@@ -146,7 +146,7 @@ import gpu_serving  # noqa: E402
 from parse_sglang.settings import parse_engine_kwargs  # noqa: E402
 from parse_sglang.settings import ParseConfig  # noqa: E402
 from parse_sglang.settings import server_parse_config  # noqa: E402
-from support.servers import launch, sigterm_exits, stop, wait_healthy  # noqa: E402
+from support.servers import ServedEngine, launch, sigterm_exits, stop, wait_healthy  # noqa: E402
 
 DEFAULT_PAIRS = ("useless", "synthetic", "smollm2")
 PAIRS = (*DEFAULT_PAIRS, "qwen2.5-coder")  # the real pair downloads 1.6 GB: named, never by default
@@ -216,8 +216,9 @@ def most_requests(args) -> int:
 def load_pair(name: str, args) -> gpu_serving.Pair:
     count = most_requests(args)
     if name in ("useless", "synthetic"):
-        pair = gpu_serving.load_pair("synthetic", SimpleNamespace(cache_dir=args.cache_dir, synthetic_dtype="float32"),
-                                     count)  # fmt: skip
+        pair = gpu_serving.load_pair(
+            "synthetic", SimpleNamespace(cache_dir=args.cache_dir, synthetic_dtype="float32"), count
+        )
         if name == "useless":
             pair.draft = str(useless_draft(Path(pair.draft), args.cache_dir))
         pair.name = name
@@ -261,8 +262,14 @@ def engines(args, pair: gpu_serving.Pair) -> list[gpu_serving.EngineSpec]:
     if "target_only" in modes:
         plan.append(gpu_serving.EngineSpec("target-only", {}, [gpu_serving.RowSpec("target_only", None)], graphs=False))
     if "target_only_sync" in modes:
-        plan.append(gpu_serving.EngineSpec("target-only, overlap off", {"disable_overlap_schedule": True},
-                                           [gpu_serving.RowSpec("target_only_sync", None)], graphs=False))  # fmt: skip
+        plan.append(
+            gpu_serving.EngineSpec(
+                "target-only, overlap off",
+                {"disable_overlap_schedule": True},
+                [gpu_serving.RowSpec("target_only_sync", None)],
+                graphs=False,
+            )
+        )
     parse = [(L, "fixed") for L in args.steps if "fixed" in modes] + [(None, m) for m in PICKED if m in modes]
     for L, mode in parse:
         if mode == "default":  # no PARSE setting at all, as a user's first command line
@@ -287,35 +294,30 @@ def engines(args, pair: gpu_serving.Pair) -> list[gpu_serving.EngineSpec]:
         head = str(eagle3_head.build(args.cache_dir, log=lambda line: None))
     if "head" in modes and head:
         config = dataclasses.replace(default_config(), eagle3_head=head, eagle3_steps=args.eagle3_steps)
-        plan.append(gpu_serving.EngineSpec(f"PARSE defaults + EAGLE-3 head k={args.eagle3_steps}",
-                                           parse_engine_kwargs(pair.draft, config), [gpu_serving.RowSpec("head", None)],
-                                           config.draft_budget, config, graphs=False))  # fmt: skip
+        plan.append(
+            gpu_serving.EngineSpec(
+                f"PARSE defaults + EAGLE-3 head k={args.eagle3_steps}",
+                parse_engine_kwargs(pair.draft, config),
+                [gpu_serving.RowSpec("head", None)],
+                config.draft_budget,
+                config,
+                graphs=False,
+            )
+        )
     if "eagle3" in modes and head:
-        settings = dict(speculative_algorithm="EAGLE3", speculative_draft_model_path=head, speculative_eagle_topk=1,
-                        speculative_num_steps=args.eagle3_steps, speculative_num_draft_tokens=args.eagle3_steps + 1)  # fmt: skip
-        plan.append(gpu_serving.EngineSpec(f"EAGLE3 k={args.eagle3_steps}", settings,
-                                           [gpu_serving.RowSpec("eagle3", None)], graphs=False))  # fmt: skip
+        settings = dict(
+            speculative_algorithm="EAGLE3",
+            speculative_draft_model_path=head,
+            speculative_eagle_topk=1,
+            speculative_num_steps=args.eagle3_steps,
+            speculative_num_draft_tokens=args.eagle3_steps + 1,
+        )
+        plan.append(
+            gpu_serving.EngineSpec(
+                f"EAGLE3 k={args.eagle3_steps}", settings, [gpu_serving.RowSpec("eagle3", None)], graphs=False
+            )
+        )
     return plan
-
-
-class ServedEngine:
-    """A launched server's HTTP API as the two `sglang.Engine` calls `gpu_serving.measure` makes."""
-
-    def __init__(self, url: str):
-        self.url = url
-
-    def generate(self, input_ids, sampling_params):
-        import requests
-
-        reply = requests.post(self.url + "/generate", json={"input_ids": input_ids, "sampling_params": sampling_params},
-                              timeout=3600)  # fmt: skip
-        reply.raise_for_status()
-        return reply.json()
-
-    def get_server_info(self) -> dict:
-        import requests
-
-        return requests.get(self.url + "/server_info", timeout=60).json()
 
 
 @contextlib.contextmanager
@@ -465,11 +467,20 @@ def turn(engines: int, round_: int) -> list[int]:
 def run_pair(args, pair: gpu_serving.Pair, progress) -> list[dict]:
     plan = engines(args, pair)
     all_L = [*args.steps, *(s.server_L for s in plan if s.server_L)]  # context room for the widest window
-    common = SimpleNamespace(max_new_tokens=args.max_new_tokens, all_L=all_L, cuda=args.cuda,
-                             attention_backend="triton", sampling_backend="pytorch", mem_fraction_static=None,
-                             no_graphs=True, no_prefill_graph=True)  # fmt: skip
-    settings = [{**gpu_serving.common_settings(common, pair, most_requests(args), graphs=False), **spec.settings}
-                for spec in plan]  # fmt: skip
+    common = SimpleNamespace(
+        max_new_tokens=args.max_new_tokens,
+        all_L=all_L,
+        cuda=args.cuda,
+        attention_backend="triton",
+        sampling_backend="pytorch",
+        mem_fraction_static=None,
+        no_graphs=True,
+        no_prefill_graph=True,
+    )
+    settings = [
+        {**gpu_serving.common_settings(common, pair, most_requests(args), graphs=False), **spec.settings}
+        for spec in plan
+    ]
     if pair.name == "qwen2.5-coder" and not args.cuda:
         # SGLang's KV check reads the machine's free memory: under the CPU runtime's 0.5 the third
         # engine of the real pair was refused. Its pool is max_total_tokens whatever the fraction.
@@ -486,8 +497,10 @@ def run_pair(args, pair: gpu_serving.Pair, progress) -> list[dict]:
                         row = measure_load(server, pair, spec, batch, load, rates, args)
                         runs.setdefault((i, batch, load), []).append(row)
                         latency = f", mean latency {row['mean_latency_s']:.2f} s" if load == "open" else ""
-                        progress(f"{pair.name} round {round_ + 1}: {spec.name} batch {batch} {load}: "
-                                 f"{row['tokens_per_s']:.1f} tokens/s, mean L {row['mean_L']}{latency}")  # fmt: skip
+                        progress(
+                            f"{pair.name} round {round_ + 1}: {spec.name} batch {batch} {load}: "
+                            f"{row['tokens_per_s']:.1f} tokens/s, mean L {row['mean_L']}{latency}"
+                        )
     return [median_run(plan[i], timed) for (i, _, _), timed in runs.items()]
 
 
@@ -589,8 +602,10 @@ def print_rows(rows: list[dict], as_json: bool) -> None:
         return
     print(f"| {' | '.join(keys)} |\n|{' --- |' * len(keys)}")
     for row in rows:
-        cells = [" ".join(map(gpu_serving.fmt, row[k])) if isinstance(row.get(k), list) else gpu_serving.fmt(row.get(k))
-                 for k in keys]  # fmt: skip
+        cells = [
+            " ".join(map(gpu_serving.fmt, row[k])) if isinstance(row.get(k), list) else gpu_serving.fmt(row.get(k))
+            for k in keys
+        ]
         print(f"| {' | '.join(cells)} |")
 
 
@@ -682,8 +697,10 @@ def parse_args(argv=None):
             if not low <= value <= high:
                 parser.error(f"--{flag}={value} is invalid: allowed is an integer in [{low}, {high}]")
     if args.twin is not None and (args.twin not in args.steps or "fixed" not in args.modes):
-        parser.error(f"--twin={args.twin} is invalid: allowed is one of --steps ({' '.join(map(str, args.steps))}) "
-                     "with mode fixed")  # fmt: skip
+        parser.error(
+            f"--twin={args.twin} is invalid: allowed is one of --steps ({' '.join(map(str, args.steps))}) "
+            "with mode fixed"
+        )
     if not 0.0 <= args.likelihood_threshold <= 1.0:
         parser.error(f"--likelihood-threshold={args.likelihood_threshold} is invalid: allowed is a number in [0, 1]")
     args.modes = list(dict.fromkeys(args.modes))

@@ -77,9 +77,10 @@ REPLAY (--replay-trace TRACE --replay-machine MACHINE, default benchmarks/machin
 beside each PARSE cell, `parse_sglang.replay`'s predicted ratio to target-only for the row's
 ParseConfig at the cell's load (batch 1: "one_by_one", batch B: "batch:B", open loop: "open:F" at
 the same arrival rate). The trace must be of the same problems (benchmarks/trace.py --pair
-qwen-humaneval|qwen-gsm --first K --count N --max-new-tokens M); the edit suite and --prompts have
-none, and the replay prices PARSE's draft-model rounds only (no STANDALONE, NGRAM or retrieval
-rounds: a row with retrieval on is predicted as without it, and its cell says so).
+qwen-humaneval|qwen-gsm|qwen-edit --first K --count N --max-new-tokens M); --prompts has none. The
+replay prices PARSE's rounds, retrieval's copies among them where the trace holds token ids (what
+trace.py records; an older trace without them predicts a row with retrieval on as without it, and
+its cell says so); no STANDALONE or NGRAM rounds.
 """
 
 from __future__ import annotations
@@ -104,8 +105,16 @@ sys.path.insert(0, str(HERE.parent))  # this checkout's parse_sglang and support
 from parse_sglang.demo import chat_prompt_ids, engine_kwargs, target_forwards  # noqa: E402
 from parse_sglang.settings import ParseConfig, server_parse_config  # noqa: E402
 
-ROWS = ("target_only", "standalone_3", "standalone_5", "standalone_8", "ngram", "parse_default", "parse_fixed_L",
-        "parse_no_retrieval")  # fmt: skip
+ROWS = (
+    "target_only",
+    "standalone_3",
+    "standalone_5",
+    "standalone_8",
+    "ngram",
+    "parse_default",
+    "parse_fixed_L",
+    "parse_no_retrieval",
+)
 SGLANG_SPECULATORS = ("standalone_3", "standalone_5", "standalone_8", "ngram")
 PARSE_ROWS = ("parse_default", "parse_fixed_L", "parse_no_retrieval")
 SUITES = ("humaneval", "gsm", "edit")
@@ -149,8 +158,10 @@ def load_workload(args) -> Workload:
 
         texts, grade = problems.suite(args.suite, args.first, args.num_problems + 1, args.cache_dir)
         if len(texts) < args.num_problems + 1:
-            raise ValueError(f"--first={args.first} --num-problems={args.num_problems} is invalid: {args.suite} has "
-                             f"{args.first + len(texts)} problems and one past the set is the warm-up")  # fmt: skip
+            raise ValueError(
+                f"--first={args.first} --num-problems={args.num_problems} is invalid: {args.suite} has "
+                f"{args.first + len(texts)} problems and one past the set is the warm-up"
+            )
         questions, warm_up = texts[:-1], texts[-1]
     ids = chat_prompt_ids(AutoTokenizer.from_pretrained(target), [*questions, warm_up])
     suite = None if args.prompts else args.suite
@@ -183,8 +194,13 @@ def row_settings(row: str, draft: str, fixed_L: int) -> dict:
     """The speculative part of a row's engine settings."""
     steps = row_steps(row, fixed_L)
     if row.startswith("standalone_"):
-        return dict(speculative_algorithm="STANDALONE", speculative_draft_model_path=draft,
-                    speculative_num_steps=steps, speculative_eagle_topk=1, speculative_num_draft_tokens=steps + 1)  # fmt: skip
+        return dict(
+            speculative_algorithm="STANDALONE",
+            speculative_draft_model_path=draft,
+            speculative_num_steps=steps,
+            speculative_eagle_topk=1,
+            speculative_num_draft_tokens=steps + 1,
+        )
     if row == "ngram":
         return dict(speculative_algorithm="NGRAM")
     if row in PARSE_ROWS:
@@ -281,30 +297,10 @@ def engine_of(settings: dict):
         engine.shutdown()
 
 
-class ServedEngine:
-    """A launched server's /generate and /server_info."""
-
-    def __init__(self, url: str):
-        self.url = url
-
-    def generate(self, input_ids, sampling_params):
-        import requests
-
-        reply = requests.post(self.url + "/generate", json={"input_ids": input_ids, "sampling_params": sampling_params},
-                              timeout=3600)  # fmt: skip
-        reply.raise_for_status()
-        return reply.json()
-
-    def get_server_info(self) -> dict:
-        import requests
-
-        return requests.get(self.url + "/server_info", timeout=60).json()
-
-
 @contextlib.contextmanager
 def server_of(settings: dict, log_dir: str, cuda: bool):
     """A launched server with `settings` (`support.servers`), stopped on exit."""
-    from support.servers import launch, sigterm_exits, stop, wait_healthy
+    from support.servers import ServedEngine, launch, sigterm_exits, stop, wait_healthy
 
     module = "sglang.launch_server" if cuda else "sglang_cpu.launch_server"
     log = Path(log_dir) / "server.log"
@@ -319,16 +315,50 @@ def server_of(settings: dict, log_dir: str, cuda: bool):
 
 def open_loop_command(url: str, work: Workload, args, data: str, out: str) -> list[str]:
     """`python -m sglang.benchmark.serving` against `url`: N requests at --open-loop per second."""
-    command = [sys.executable, "-m", "sglang.benchmark.serving", "--backend", "sglang", "--base-url", url,
-               "--tokenizer", work.target, "--num-prompts", str(len(work.prompt_ids)), "--request-rate",
-               str(args.open_loop), "--seed", str(args.seed), "--output-file", out, "--output-details",
-               "--warmup-requests", "0", "--disable-tqdm", "--dataset-name", args.open_loop_dataset]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "sglang.benchmark.serving",
+        "--backend",
+        "sglang",
+        "--base-url",
+        url,
+        "--tokenizer",
+        work.target,
+        "--num-prompts",
+        str(len(work.prompt_ids)),
+        "--request-rate",
+        str(args.open_loop),
+        "--seed",
+        str(args.seed),
+        "--output-file",
+        out,
+        "--output-details",
+        "--warmup-requests",
+        "0",
+        "--disable-tqdm",
+        "--dataset-name",
+        args.open_loop_dataset,
+    ]
     if args.open_loop_dataset == "custom":
-        return command + ["--dataset-path", data, "--apply-chat-template", "--sharegpt-output-len",
-                          str(args.max_new_tokens), "--disable-ignore-eos"]  # fmt: skip
-    return command + ["--dataset-path", str(HERE / "prompts_sharegpt.json"), "--random-input-len",
-                      str(args.open_loop_input_len), "--random-output-len", str(args.max_new_tokens),
-                      "--random-range-ratio", "1"]  # fmt: skip
+        return command + [
+            "--dataset-path",
+            data,
+            "--apply-chat-template",
+            "--sharegpt-output-len",
+            str(args.max_new_tokens),
+            "--disable-ignore-eos",
+        ]
+    return command + [
+        "--dataset-path",
+        str(HERE / "prompts_sharegpt.json"),
+        "--random-input-len",
+        str(args.open_loop_input_len),
+        "--random-output-len",
+        str(args.max_new_tokens),
+        "--random-range-ratio",
+        "1",
+    ]
 
 
 def custom_order(count: int, seed: int) -> list[int]:
@@ -342,13 +372,21 @@ def custom_order(count: int, seed: int) -> list[int]:
 def measure_open(server, work: Workload, args, folder: str) -> dict:
     """One open-loop run of sglang.benchmark.serving against `server`, its JSON result and PARSE's counters."""
     data, out = Path(folder) / "custom.jsonl", Path(folder) / "result.jsonl"
-    data.write_text("".join(json.dumps({"conversations": [{"role": "user", "content": q},
-                                                          {"role": "assistant", "content": "-"}]}) + "\n"
-                            for q in work.questions))  # fmt: skip
+    data.write_text(
+        "".join(
+            json.dumps({"conversations": [{"role": "user", "content": q}, {"role": "assistant", "content": "-"}]})
+            + "\n"
+            for q in work.questions
+        )
+    )
     out.unlink(missing_ok=True)
     before = parse_totals(server.get_server_info())
-    done = subprocess.run(open_loop_command(server.url, work, args, str(data), str(out)), capture_output=True,
-                          text=True, timeout=24 * 3600)  # fmt: skip
+    done = subprocess.run(
+        open_loop_command(server.url, work, args, str(data), str(out)),
+        capture_output=True,
+        text=True,
+        timeout=24 * 3600,
+    )
     if done.returncode != 0 or not out.is_file():
         raise RuntimeError(f"sglang.benchmark.serving exited with {done.returncode}: {done.stderr[-3000:]}")
     result = json.loads(out.read_text().splitlines()[-1])
@@ -386,19 +424,25 @@ class ReplayColumn:
     def __init__(self, trace_path: str, machine_path: str, work: Workload, args):
         from parse_sglang.replay import Machine, Trace
 
-        wanted = {"humaneval": "qwen-humaneval", "gsm": "qwen-gsm"}.get(work.suite)
+        wanted = {"humaneval": "qwen-humaneval", "gsm": "qwen-gsm", "edit": "qwen-edit"}.get(work.suite)
         raw = json.loads(Path(trace_path).read_text())
-        record = (f"benchmarks/trace.py --pair {wanted or 'qwen-humaneval|qwen-gsm'} --first {args.first} --count "
-                  f"{args.num_problems} --max-new-tokens {args.max_new_tokens}")  # fmt: skip
+        record = (
+            f"benchmarks/trace.py --pair {wanted or 'qwen-humaneval|qwen-gsm|qwen-edit'} --first {args.first} --count "
+            f"{args.num_problems} --max-new-tokens {args.max_new_tokens}"
+        )
         if wanted is None:
-            raise ValueError(f"--replay-trace {trace_path}: the replay needs a trace of the same problems, which "
-                             f"benchmarks/trace.py records for humaneval and gsm only ({record}); this workload "
-                             "has none: run without --replay-trace")  # fmt: skip
+            raise ValueError(
+                f"--replay-trace {trace_path}: the replay needs a trace of the same problems, which "
+                f"benchmarks/trace.py records for the suites only ({record}); this workload "
+                "has none: run without --replay-trace"
+            )
         got = (raw.get("pair"), raw.get("first"), len(raw.get("requests", [])), raw.get("max_new_tokens"))
         if got != (wanted, args.first, args.num_problems, args.max_new_tokens):
-            raise ValueError(f"--replay-trace {trace_path} is of pair {got[0]}, problems {got[1]} .. "
-                             f"{(got[1] or 0) + got[2] - 1}, {got[3]} new tokens: allowed is a trace of these "
-                             f"cells' problems, recorded with {record}")  # fmt: skip
+            raise ValueError(
+                f"--replay-trace {trace_path} is of pair {got[0]}, problems {got[1]} .. "
+                f"{(got[1] or 0) + got[2] - 1}, {got[3]} new tokens: allowed is a trace of these "
+                f"cells' problems, recorded with {record}"
+            )
         self.trace, self.machine = Trace.load(trace_path), Machine.load(machine_path)
         self.paths, self.cache = {"trace": trace_path, "machine": machine_path}, {}
 
@@ -418,7 +462,8 @@ class ReplayColumn:
             L = config.draft_budget
             policy = "adaptive" if config.adaptive else f"fixed {L}"
             retrieves = config.adaptive and getattr(config, "retrieval", False)  # retrieval is an adaptive server's
-            note = "retrieval not modelled: predicted without it" if retrieves else None
+            unpriced = retrieves and not self.trace.has_ids  # copies need the trace's token ids
+            note = "retrieval not modelled (a trace without token ids): predicted without it" if unpriced else None
             try:
                 x_target = replay(self.trace, self.machine, load, config, [L], oracle=False)[policy]["x_target"]
             except Exception as err:  # noqa: BLE001 (the replay failing on a config is the cell's to report)
@@ -441,8 +486,13 @@ def git_commit() -> str | None:
 
 
 def read_cells(paths: Iterable[str]) -> list[dict]:
-    return [json.loads(line) for path in paths if Path(path).is_file()
-            for line in Path(path).read_text().splitlines() if line.strip()]  # fmt: skip
+    return [
+        json.loads(line)
+        for path in paths
+        if Path(path).is_file()
+        for line in Path(path).read_text().splitlines()
+        if line.strip()
+    ]
 
 
 def cell_key(cell: dict) -> tuple:
@@ -474,16 +524,35 @@ def run(args, work: Workload, progress=lambda line: print(line, file=sys.stderr,
     replay_column = ReplayColumn(args.replay_trace, args.replay_machine, work, args) if args.replay_trace else None
     requests = len(work.prompt_ids) if args.open_loop is not None else max(args.batch)
     base = base_settings(work, requests, args.max_new_tokens, cuda)
-    setup = dict(suite=work.suite, first=work.first, num_problems=len(work.prompt_ids),
-                 max_new_tokens=args.max_new_tokens, dtype=work.dtype, target=Path(work.target).name, draft=Path(work.draft).name)  # fmt: skip
+    setup = dict(
+        suite=work.suite,
+        first=work.first,
+        num_problems=len(work.prompt_ids),
+        max_new_tokens=args.max_new_tokens,
+        dtype=work.dtype,
+        target=Path(work.target).name,
+        draft=Path(work.draft).name,
+    )
     common = dict(command=args.command, commit=git_commit())
     measured = []
     for repeat in range(args.repeats):
         order = rotated(args.rows, repeat)
         for position, row in enumerate(order):
             L = row_steps(row, args.fixed_L)
-            cells = [dict(setup, row=row, L=L, load=load, batch=batch, rate=rate, repeat=repeat, position=position,
-                          pass_order=order) for load, batch, rate in loads_of(args)]  # fmt: skip
+            cells = [
+                dict(
+                    setup,
+                    row=row,
+                    L=L,
+                    load=load,
+                    batch=batch,
+                    rate=rate,
+                    repeat=repeat,
+                    position=position,
+                    pass_order=order,
+                )
+                for load, batch, rate in loads_of(args)
+            ]
             cells = [c for c in cells if cell_key(c) not in done]
             if not cells:
                 continue
@@ -520,8 +589,10 @@ def measure_row(row: str, cells: list[dict], base: dict, work: Workload, args, c
                 else:
                     got = measure_closed(engine, work, cell["batch"], args.max_new_tokens)
                 out.append(dict(cell, **got, error=None))
-                progress(f"  {row} {cell['load']} {cell['batch'] or cell['rate']}: {got['tokens_per_s'] or 0:.2f} "
-                         f"tokens/s, {got['output_tokens']} tokens in {got['wall_s']:.1f} s")  # fmt: skip
+                progress(
+                    f"  {row} {cell['load']} {cell['batch'] or cell['rate']}: {got['tokens_per_s'] or 0:.2f} "
+                    f"tokens/s, {got['output_tokens']} tokens in {got['wall_s']:.1f} s"
+                )
     except Exception as err:  # noqa: BLE001 (a row that cannot run here is a result: its cells say why)
         error = f"{type(err).__name__}: {err}"[-2000:]
         progress(f"  {row} failed: {error}")
@@ -554,12 +625,16 @@ def combine(cells: list[dict]) -> dict:
         joined[key] = None if None in values else [x for v in values for x in v]
     parse = [c.get("parse") or {} for c in cells]
     joined["parse"] = {k: sum(p.get(k, 0) for p in parse) for k in parse[0]} or None
-    joined["mean_L"] = (joined["parse"]["draft_length"] / joined["parse"]["rounds"]
-                        if joined["parse"] and joined["parse"].get("rounds") else None)  # fmt: skip
+    joined["mean_L"] = (
+        joined["parse"]["draft_length"] / joined["parse"]["rounds"]
+        if joined["parse"] and joined["parse"].get("rounds")
+        else None
+    )
     # (open loops of several ranges ran apart: their throughput is the tokens over the summed durations)
     joined["tokens_per_s"] = joined["output_tokens"] / joined["wall_s"] if joined["wall_s"] else None
-    joined["tokens_per_target_forward"] = (joined["output_tokens"] / joined["target_forwards"]
-                                           if joined.get("target_forwards") else None)  # fmt: skip
+    joined["tokens_per_target_forward"] = (
+        joined["output_tokens"] / joined["target_forwards"] if joined.get("target_forwards") else None
+    )
     joined["ranges"] = [(c["first"], c["num_problems"]) for c in cells]
     return joined
 
@@ -606,8 +681,11 @@ def table_rows(rows: dict) -> list[dict]:
             continue
         cells = [good[r] for r in sorted(good)]
         entry["tokens_per_s"] = [c["tokens_per_s"] for c in cells]
-        paired = [(c, base[r]) for r, c in sorted(good.items()) if r in base and base[r].get("error") is None
-                  and base[r]["ranges"] == c["ranges"]]  # fmt: skip
+        paired = [
+            (c, base[r])
+            for r, c in sorted(good.items())
+            if r in base and base[r].get("error") is None and base[r]["ranges"] == c["ranges"]
+        ]
         entry["x_target"] = [c["tokens_per_s"] / b["tokens_per_s"] for c, b in paired]
         equal = same = 0
         for c, b in paired:
@@ -627,8 +705,11 @@ def table_rows(rows: dict) -> list[dict]:
             sglang = {n: rows[n] for n in rows if n in SGLANG_SPECULATORS}
             ratios, best = [], {}
             for r, c in sorted(good.items()):
-                peers = {n: s[r] for n, s in sglang.items() if r in s and s[r].get("error") is None
-                         and s[r]["ranges"] == c["ranges"]}  # fmt: skip
+                peers = {
+                    n: s[r]
+                    for n, s in sglang.items()
+                    if r in s and s[r].get("error") is None and s[r]["ranges"] == c["ranges"]
+                }
                 if peers:
                     top = max(peers, key=lambda n: peers[n]["tokens_per_s"])
                     best[top] = best.get(top, 0) + 1
@@ -642,9 +723,20 @@ def table_rows(rows: dict) -> list[dict]:
     return out
 
 
-TABLE_COLUMNS = ("row", "passes", "tokens/s", "× target-only", "× best SGLang", "best SGLang row",
-                 "tokens / target forward", "mean L", "outputs = target-only", "correct", "replay × target-only",
-                 "replay / engine")  # fmt: skip
+TABLE_COLUMNS = (
+    "row",
+    "passes",
+    "tokens/s",
+    "× target-only",
+    "× best SGLang",
+    "best SGLang row",
+    "tokens / target forward",
+    "mean L",
+    "outputs = target-only",
+    "correct",
+    "replay × target-only",
+    "replay / engine",
+)
 
 
 def fmt(value, digits: int = 2) -> str:
@@ -669,11 +761,20 @@ def markdown(cells: list[dict]) -> str:
                 continue
             engine = statistics.median(e["x_target"]) if e["x_target"] else None
             replay = e["replay_x_target"]
-            cells_ = [e["row"], e["passes"], fmt(statistics.median(e["tokens_per_s"])),
-                      spread(e["x_target"]) if e["row"] != "target_only" else "1.000",
-                      spread(e["x_best_sglang"]) if e["x_best_sglang"] else "-", e["best_sglang"] or "-",
-                      fmt(e["tokens_per_target_forward"]), fmt(e["mean_L"]), e["outputs_equal"], e["correct"],
-                      fmt(replay, 3), fmt(replay / engine, 3) if replay and engine else "-"]  # fmt: skip
+            cells_ = [
+                e["row"],
+                e["passes"],
+                fmt(statistics.median(e["tokens_per_s"])),
+                spread(e["x_target"]) if e["row"] != "target_only" else "1.000",
+                spread(e["x_best_sglang"]) if e["x_best_sglang"] else "-",
+                e["best_sglang"] or "-",
+                fmt(e["tokens_per_target_forward"]),
+                fmt(e["mean_L"]),
+                e["outputs_equal"],
+                e["correct"],
+                fmt(replay, 3),
+                fmt(replay / engine, 3) if replay and engine else "-",
+            ]
             parts.append("| " + " | ".join(map(str, cells_)) + " |")
             if e["replay_note"]:
                 notes.append(f"{e['row']}: replay {e['replay_note']}")
@@ -711,19 +812,27 @@ def parse_args(argv=None):
     args.command = " ".join(["python benchmarks/compare.py", *(sys.argv[1:] if argv is None else argv)])
     if args.merge:
         return args
-    for flag, value, allowed in (("suite", [args.suite], SUITES), ("rows", args.rows, ROWS),
-                                 ("dtype", [args.dtype], ("bfloat16", "float32")),
-                                 ("open-loop-dataset", [args.open_loop_dataset], ("custom", "random"))):  # fmt: skip
+    for flag, value, allowed in (
+        ("suite", [args.suite], SUITES),
+        ("rows", args.rows, ROWS),
+        ("dtype", [args.dtype], ("bfloat16", "float32")),
+        ("open-loop-dataset", [args.open_loop_dataset], ("custom", "random")),
+    ):
         for v in value:
             if v not in allowed:
                 parser.error(f"--{flag}={v} is invalid: allowed is one of {', '.join(allowed)}")
     args.rows = list(dict.fromkeys(args.rows))
     if args.first is None:
         args.first = 0 if args.prompts else FIRST_UNTUNED[args.suite]
-    for flag, value, low in (("num-problems", args.num_problems, 1), ("repeats", args.repeats, 1),
-                             ("fixed-L", args.fixed_L, 1), ("max-new-tokens", args.max_new_tokens, 4),
-                             ("first", args.first, 0), ("open-loop-input-len", args.open_loop_input_len, 2),
-                             *(("batch", b, 1) for b in args.batch)):  # fmt: skip
+    for flag, value, low in (
+        ("num-problems", args.num_problems, 1),
+        ("repeats", args.repeats, 1),
+        ("fixed-L", args.fixed_L, 1),
+        ("max-new-tokens", args.max_new_tokens, 4),
+        ("first", args.first, 0),
+        ("open-loop-input-len", args.open_loop_input_len, 2),
+        *(("batch", b, 1) for b in args.batch),
+    ):
         if value < low:
             parser.error(f"--{flag}={value} is invalid: allowed is an integer >= {low}")
     if args.open_loop is not None and args.open_loop <= 0:
@@ -736,8 +845,10 @@ def parse_args(argv=None):
     if args.prompts:
         args.num_problems = len(read_prompts(args.prompts))
     if args.open_loop is None and max(args.batch) > args.num_problems:
-        parser.error(f"--batch={max(args.batch)} is invalid: allowed is at most --num-problems ({args.num_problems}): "
-                     "a closed batch of B needs B prompts")  # fmt: skip
+        parser.error(
+            f"--batch={max(args.batch)} is invalid: allowed is at most --num-problems ({args.num_problems}): "
+            "a closed batch of B needs B prompts"
+        )
     return args
 
 
@@ -758,8 +869,13 @@ def main(argv=None) -> int:
     except ValueError as err:  # a replay trace that does not fit the cells
         print(f"error: {err}", file=sys.stderr)
         return 2
-    setup = dict(suite=work.suite, first=work.first, num_problems=len(work.prompt_ids),
-                 max_new_tokens=args.max_new_tokens, dtype=work.dtype)  # fmt: skip
+    setup = dict(
+        suite=work.suite,
+        first=work.first,
+        num_problems=len(work.prompt_ids),
+        max_new_tokens=args.max_new_tokens,
+        dtype=work.dtype,
+    )
     print(markdown([c for c in read_cells([args.out]) if all(c[k] == v for k, v in setup.items())]))
     return 0
 

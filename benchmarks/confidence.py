@@ -248,8 +248,11 @@ def serve(pair: str, args) -> list[list[dict]]:
         kwargs["max_total_tokens"] = 32768
     if dtype:
         kwargs["dtype"] = dtype
-    params = {"temperature": 0.0, "max_new_tokens": args.max_new_tokens,
-              "custom_params": {"parse": {**request, "return_probe_scores": True}}}  # fmt: skip
+    params = {
+        "temperature": 0.0,
+        "max_new_tokens": args.max_new_tokens,
+        "custom_params": {"parse": {**request, "return_probe_scores": True}},
+    }
     engine = sglang.Engine(**kwargs)
     try:
         outs = engine.generate(input_ids=prompts, sampling_params=params)
@@ -274,13 +277,29 @@ def main(argv=None) -> int:
     parser.add_argument("--cache-dir", default=None)
     parser.add_argument("--json", action="store_true", help="one JSON object per pair")
     args = parser.parse_args(argv)
-    for name, value in (("--num-steps", args.num_steps), ("--num-prompts", args.num_prompts),
-                        ("--max-new-tokens", args.max_new_tokens), ("--batch-size", args.batch_size)):  # fmt: skip
+    for name, value in (
+        ("--num-steps", args.num_steps),
+        ("--num-prompts", args.num_prompts),
+        ("--max-new-tokens", args.max_new_tokens),
+        ("--batch-size", args.batch_size),
+    ):
         if value < 1:
             parser.error(f"{name}={value} is invalid: allowed is an integer >= 1")
     sys.path.insert(0, str(HERE))
-    keys = ("pair", "rounds", "positions", "kept_share", "auc", "mean_accepted",
-            "mae_survival", "mae_product", "mae_calibrated", "r_survival", "r_product", "r_calibrated")  # fmt: skip
+    keys = (
+        "pair",
+        "rounds",
+        "positions",
+        "kept_share",
+        "auc",
+        "mean_accepted",
+        "mae_survival",
+        "mae_product",
+        "mae_calibrated",
+        "r_survival",
+        "r_product",
+        "r_calibrated",
+    )
     rows = []
     for pair in args.pairs:
         rows.append(summarize(pair, serve(pair, args), args.num_steps))

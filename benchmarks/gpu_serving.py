@@ -484,8 +484,13 @@ def plan_engines(args, pair: Pair) -> list[EngineSpec]:
         plan.append(EngineSpec(name, parse_engine_kwargs(pair.draft, config), [row], L, config))
     if "eagle3" in modes:
         steps = args.eagle3_steps
-        settings = dict(speculative_algorithm="EAGLE3", speculative_draft_model_path=pair.head,
-                        speculative_num_steps=steps, speculative_eagle_topk=1, speculative_num_draft_tokens=steps + 1)  # fmt: skip
+        settings = dict(
+            speculative_algorithm="EAGLE3",
+            speculative_draft_model_path=pair.head,
+            speculative_num_steps=steps,
+            speculative_eagle_topk=1,
+            speculative_num_draft_tokens=steps + 1,
+        )
         plan.append(EngineSpec(f"EAGLE3 k={steps}", settings, [RowSpec("eagle3", steps)], graphs=args.cuda))
     if "standalone" in modes:
         steps = args.standalone_steps

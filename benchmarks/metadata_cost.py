@@ -76,8 +76,10 @@ def main() -> None:
         return lambda: build_verify_layout(reqs)
 
     window = 1 + args.draft + probes * args.suffix
-    planners = {device: OfflineRound(tokenizer, policy, args.batch, args.suffix, window, max(CONTEXTS), device)
-                for device in ("meta", "cpu")}  # fmt: skip
+    planners = {
+        device: OfflineRound(tokenizer, policy, args.batch, args.suffix, window, max(CONTEXTS), device)
+        for device in ("meta", "cpu")
+    }
     for planner in planners.values():
         planner.plan(drafts_host, CONTEXTS[0], probes)  # warm-up: the per-shape constants
 

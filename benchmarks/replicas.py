@@ -100,8 +100,9 @@ def main(argv=None) -> int:
     parser.add_argument("--cache-dir", default=None)
     parser.add_argument("--json", help="also write the rows to this file")
     args = parser.parse_args(argv)
-    pair = gpu_serving.load_pair("synthetic", SimpleNamespace(cache_dir=args.cache_dir, synthetic_dtype="float32"),
-                                 args.requests)  # fmt: skip
+    pair = gpu_serving.load_pair(
+        "synthetic", SimpleNamespace(cache_dir=args.cache_dir, synthetic_dtype="float32"), args.requests
+    )
     results = {
         (mode, replicas): run(pair, settings, replicas, args)
         for mode, settings in modes(pair.draft, args.steps).items()
@@ -110,22 +111,40 @@ def main(argv=None) -> int:
     rows = []
     for (mode, replicas), r in results.items():
         base = results["target_only", replicas]
-        rows.append({
-            "mode": mode,
-            "replicas": replicas,
-            "tokens_per_s": r["tokens_per_s"],
-            "x_replicas": r["tokens_per_s"] / results[mode, 1]["tokens_per_s"],
-            "x_target_only": r["tokens_per_s"] / base["tokens_per_s"],
-            "equal_to_target_only": r["outputs"] == base["outputs"] if mode != "parse_judged" else None,
-            "replica_rounds": r["replica_rounds"],
-            "tokens_per_s_runs": r["tokens_per_s_runs"],
-        })  # fmt: skip
-    print(f"synthetic pair, {args.requests} requests, max_new_tokens={args.max_new_tokens}, L={args.steps}, "
-          f"{args.repeats} timed runs each")  # fmt: skip
+        rows.append(
+            {
+                "mode": mode,
+                "replicas": replicas,
+                "tokens_per_s": r["tokens_per_s"],
+                "x_replicas": r["tokens_per_s"] / results[mode, 1]["tokens_per_s"],
+                "x_target_only": r["tokens_per_s"] / base["tokens_per_s"],
+                "equal_to_target_only": r["outputs"] == base["outputs"] if mode != "parse_judged" else None,
+                "replica_rounds": r["replica_rounds"],
+                "tokens_per_s_runs": r["tokens_per_s_runs"],
+            }
+        )
+    print(
+        f"synthetic pair, {args.requests} requests, max_new_tokens={args.max_new_tokens}, L={args.steps}, "
+        f"{args.repeats} timed runs each"
+    )
     header = ["mode", "replicas", "tokens/s", "x 1 replica", "x target_only", "== target_only", "rounds per replica"]
-    print(table(header, [[row["mode"], str(row["replicas"]), f"{row['tokens_per_s']:.0f}", f"{row['x_replicas']:.2f}",
-                          f"{row['x_target_only']:.2f}", str(row["equal_to_target_only"]),
-                          "/".join(map(str, row["replica_rounds"]))] for row in rows]))  # fmt: skip
+    print(
+        table(
+            header,
+            [
+                [
+                    row["mode"],
+                    str(row["replicas"]),
+                    f"{row['tokens_per_s']:.0f}",
+                    f"{row['x_replicas']:.2f}",
+                    f"{row['x_target_only']:.2f}",
+                    str(row["equal_to_target_only"]),
+                    "/".join(map(str, row["replica_rounds"])),
+                ]
+                for row in rows
+            ],
+        )
+    )
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
     return 0

@@ -146,9 +146,17 @@ def main() -> None:
         args.target, args.draft = map(str, smollm2.model_pair())
     try:
         extra = json.loads(args.parse_config)
-        config = ParseConfig(**{"draft_budget": args.steps, "probe_stride": args.probe_stride, "adaptive": False,
-                                "threshold": args.threshold, "judge": not args.lossless, "judge_mode": "probe",
-                                **extra})  # fmt: skip
+        config = ParseConfig(
+            **{
+                "draft_budget": args.steps,
+                "probe_stride": args.probe_stride,
+                "adaptive": False,
+                "threshold": args.threshold,
+                "judge": not args.lossless,
+                "judge_mode": "probe",
+                **extra,
+            }
+        )
     except (ValueError, TypeError) as err:
         parser.error(f"--parse-config={args.parse_config!r} is invalid: {err}")
     common = dict(engine_settings(), model_path=args.target, log_level="error", max_running_requests=max(args.batch))
@@ -163,8 +171,13 @@ def main() -> None:
     engine.shutdown()
 
     probe_out = Path(tempfile.mkdtemp()) / "round_probe.json"
-    runs, engine = run_engine({**common, **parse_engine_kwargs(args.draft, config)}, args.prompt, sampling, args.batch,
-                              env=probe_environment(probe_out))  # fmt: skip
+    runs, engine = run_engine(
+        {**common, **parse_engine_kwargs(args.draft, config)},
+        args.prompt,
+        sampling,
+        args.batch,
+        env=probe_environment(probe_out),
+    )
     try:
         records = json.loads(probe_out.read_text())
         totals = engine.get_server_info()["internal_states"][0]["parse"]
@@ -176,10 +189,13 @@ def main() -> None:
         engine.shutdown()
 
     n_max = geometry.max_rows
-    header = (f"target={args.target}\ndraft={args.draft}\n"
-              f"L={config.draft_budget} Δ={config.probe_stride} judge={'on, τ=' + str(config.threshold) if config.judge else 'off'} "
-              f"m={suffix_len} K_max={geometry.max_probes()} N_max={n_max} rows; {args.max_new_tokens} tokens, "
-              f"{common.get('device', 'cuda')}")  # fmt: skip
+    header = (
+        f"target={args.target}\ndraft={args.draft}\n"
+        f"L={config.draft_budget} Δ={config.probe_stride} "
+        f"judge={'on, τ=' + str(config.threshold) if config.judge else 'off'} "
+        f"m={suffix_len} K_max={geometry.max_probes()} N_max={n_max} rows; {args.max_new_tokens} tokens, "
+        f"{common.get('device', 'cuda')}"
+    )
     if not args.json:
         print(header + "\n")
     for batch in args.batch:
@@ -189,8 +205,16 @@ def main() -> None:
         step_ms = base_s / max(len(base_outs[0]["output_ids"]) - 1, 1) * 1e3  # prefill gave token 1 (~ its share)
         stats = [out["meta_info"]["parse"] for out in outs]
         tokens_per_round = sum(len(o["output_ids"]) - 1 for o in outs) / sum(s["rounds"] for s in stats)
-        row.update(batch=batch, L=config.draft_budget, window_rows=n_max, judge_off_verify_rows_per_round=judge_off_rows,
-                   tokens_per_round=tokens_per_round, target_step_ms=step_ms, wall_s=seconds, target_only_wall_s=base_s)  # fmt: skip
+        row.update(
+            batch=batch,
+            L=config.draft_budget,
+            window_rows=n_max,
+            judge_off_verify_rows_per_round=judge_off_rows,
+            tokens_per_round=tokens_per_round,
+            target_step_ms=step_ms,
+            wall_s=seconds,
+            target_only_wall_s=base_s,
+        )
         if args.json:
             print(json.dumps(row))
             continue
@@ -200,16 +224,24 @@ def main() -> None:
         for name, label in STEP_NAMES.items():
             print(f"| {label} | {row['step_ms'][name]:.1f} | {row['step_ms'][name] / round_ms:.0%} |")
         print(f"| whole round | {round_ms:.1f} | 100% |")
-        print(f"syncs per round (PARSE): {row['device_to_host_per_round']:.2f} device-to-host "
-              f"({row['device_to_host_before_verify_per_round']:.2f} before the verify, "
-              f"{row['device_to_host_after_accept_per_round']:.2f} after acceptance), "
-              f"{row['host_to_device_per_round']:.2f} host-to-device; SGLang inside the round: "
-              f"{row['sglang_device_to_host_per_round']:.2f} / {row['sglang_host_to_device_per_round']:.2f}")  # fmt: skip
-        print(f"host work per round: {row['host_ms_per_round']:.1f} ms, {row['host_bytes_per_round'] / 1024:.1f} KiB made on the host, "
-              f"{row['device_to_host_bytes_per_round'] / 1024:.1f} KiB to the host, {row['host_to_device_bytes_per_round'] / 1024:.1f} KiB to the device")  # fmt: skip
-        print(f"target-only decode step: {step_ms:.1f} ms; one PARSE round = {round_ms / step_ms:.1f} target-only steps "
-              f"and yields {tokens_per_round:.2f} tokens; judge-off requests verify {judge_off_rows:.0f} rows per round "
-              f"(N_max {n_max})")  # fmt: skip
+        print(
+            f"syncs per round (PARSE): {row['device_to_host_per_round']:.2f} device-to-host "
+            f"({row['device_to_host_before_verify_per_round']:.2f} before the verify, "
+            f"{row['device_to_host_after_accept_per_round']:.2f} after acceptance), "
+            f"{row['host_to_device_per_round']:.2f} host-to-device; SGLang inside the round: "
+            f"{row['sglang_device_to_host_per_round']:.2f} / {row['sglang_host_to_device_per_round']:.2f}"
+        )
+        print(
+            f"host work per round: {row['host_ms_per_round']:.1f} ms, "
+            f"{row['host_bytes_per_round'] / 1024:.1f} KiB made on the host, "
+            f"{row['device_to_host_bytes_per_round'] / 1024:.1f} KiB to the host, "
+            f"{row['host_to_device_bytes_per_round'] / 1024:.1f} KiB to the device"
+        )
+        print(
+            f"target-only decode step: {step_ms:.1f} ms; one PARSE round = {round_ms / step_ms:.1f} target-only steps "
+            f"and yields {tokens_per_round:.2f} tokens; judge-off requests verify {judge_off_rows:.0f} rows per round "
+            f"(N_max {n_max})"
+        )
         print(f"wall: target-only {base_s:.1f} s, PARSE {seconds:.1f} s for {batch} x {args.max_new_tokens} tokens\n")
 
 

@@ -169,8 +169,13 @@ def parse_rows(head: bool = True) -> list[tuple[str, float | None, dict]]:
     return rows
 
 
-MODES = ("target_only", "standalone", *dict.fromkeys(mode for mode, _, _ in parse_rows()), "parse_adaptive",
-         "parse_default_judge")  # fmt: skip
+MODES = (
+    "target_only",
+    "standalone",
+    *dict.fromkeys(mode for mode, _, _ in parse_rows()),
+    "parse_adaptive",
+    "parse_default_judge",
+)
 
 
 def _server_parse_totals(engine) -> dict:
@@ -193,21 +198,23 @@ def run_batch(engine, work: Workload, sampling: dict, batch_size: int | None = N
 
 def summarize(mode: str, threshold, work: Workload, outs: list[dict], wall: float, added: dict) -> dict:
     """A row from its outputs: raw totals (what shards merge by) and the figures derived from them."""
-    return derive({
-        "pair": work.pair,
-        "suite": work.suite,
-        "problems": len(outs),
-        "mode": mode,
-        "threshold": threshold,
-        "correct": None if work.grader is None else [bool(work.grader(i, o["text"])) for i, o in enumerate(outs)],
-        "tokens": sum(o["meta_info"]["completion_tokens"] for o in outs),
-        "forwards": sum(target_forwards(o["meta_info"]) for o in outs),
-        "judged": sum((o["meta_info"].get("parse") or {}).get("accepted_judged", 0) for o in outs),
-        "rounds": added.get("rounds", 0),
-        "verify_rows": added.get("verify_rows", 0),
-        "wall_s": wall,
-        "output_ids": [o["output_ids"] for o in outs],
-    })  # fmt: skip
+    return derive(
+        {
+            "pair": work.pair,
+            "suite": work.suite,
+            "problems": len(outs),
+            "mode": mode,
+            "threshold": threshold,
+            "correct": None if work.grader is None else [bool(work.grader(i, o["text"])) for i, o in enumerate(outs)],
+            "tokens": sum(o["meta_info"]["completion_tokens"] for o in outs),
+            "forwards": sum(target_forwards(o["meta_info"]) for o in outs),
+            "judged": sum((o["meta_info"].get("parse") or {}).get("accepted_judged", 0) for o in outs),
+            "rounds": added.get("rounds", 0),
+            "verify_rows": added.get("verify_rows", 0),
+            "wall_s": wall,
+            "output_ids": [o["output_ids"] for o in outs],
+        }
+    )
 
 
 def derive(row: dict) -> dict:
@@ -303,9 +310,18 @@ def wanted(mode: str, threshold, modes: Sequence[str] | None, thresholds: Sequen
     return (modes is None or mode in modes) and (thresholds is None or threshold is None or threshold in thresholds)
 
 
-def run_server_rows(url: str, work: Workload, head: bool, max_new_tokens: int, progress=None, temperature: float = 0.0,
-                    top_p: float = 1.0, modes: Sequence[str] | None = None, batch_size: int | None = None,
-                    thresholds: Sequence[float] | None = None) -> list[dict]:  # fmt: skip
+def run_server_rows(
+    url: str,
+    work: Workload,
+    head: bool,
+    max_new_tokens: int,
+    progress=None,
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+    modes: Sequence[str] | None = None,
+    batch_size: int | None = None,
+    thresholds: Sequence[float] | None = None,
+) -> list[dict]:
     """The rows a running PARSE server at `url` serves by per-request settings (parse_lossless and
     the judged rows, the head's with `head`), one after another, over HTTP."""
     from parse_sglang.tools.backends import HttpServer
@@ -326,9 +342,18 @@ def run_server_rows(url: str, work: Workload, head: bool, max_new_tokens: int, p
     return rows
 
 
-def run_rows(work: Workload, config: ParseConfig, max_new_tokens: int, progress=None, temperature: float = 0.0,
-             top_p: float = 1.0, modes: Sequence[str] | None = None, dtype: str | None = None,
-             batch_size: int | None = None, thresholds: Sequence[float] | None = None) -> list[dict]:  # fmt: skip
+def run_rows(
+    work: Workload,
+    config: ParseConfig,
+    max_new_tokens: int,
+    progress=None,
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+    modes: Sequence[str] | None = None,
+    dtype: str | None = None,
+    batch_size: int | None = None,
+    thresholds: Sequence[float] | None = None,
+) -> list[dict]:
     """Every row (or those of `modes`, judged ones only at `thresholds`), engines started one after
     another (never two at once)."""
     import sglang
@@ -434,8 +459,15 @@ def plot(rows: list[dict], path: str, title: str) -> None:
             low, high = row["accuracy_ci95"]
             # Wilson's bound can land a rounding error inside a share of 1.0 (or 0.0): clamp at 0
             below, above = max(row[key] - low, 0.0), max(high - row[key], 0.0)
-            ax.errorbar(row["tokens_per_target_forward"], row[key], yerr=[[below], [above]],
-                        fmt="none", ecolor="tab:gray", elinewidth=0.6, capsize=2)  # fmt: skip
+            ax.errorbar(
+                row["tokens_per_target_forward"],
+                row[key],
+                yerr=[[below], [above]],
+                fmt="none",
+                ecolor="tab:gray",
+                elinewidth=0.6,
+                capsize=2,
+            )
         ax.annotate(
             name, (row["tokens_per_target_forward"], row[key]), fontsize=7, xytext=(3, 3), textcoords="offset points"
         )
@@ -504,8 +536,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     try:
         # Fixed L, the probe judge on: every judged row's request may pick its judge and threshold.
-        config = ParseConfig(draft_budget=args.num_steps, probe_stride=args.probe_stride, adaptive=False, judge=True,
-                             judge_mode="probe", judge_head=args.judge_head)  # fmt: skip
+        config = ParseConfig(
+            draft_budget=args.num_steps,
+            probe_stride=args.probe_stride,
+            adaptive=False,
+            judge=True,
+            judge_mode="probe",
+            judge_head=args.judge_head,
+        )
     except ValueError as err:  # draft_budget is --num-steps, probe_stride --probe-stride
         parser.error(f"--num-steps / --probe-stride: {err}")
     import torch
@@ -539,15 +577,37 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     total = sum(wanted(m, t, args.modes, args.thresholds) for m, t, _ in parse_rows(bool(args.judge_head)))
     if not args.url:  # the rows of engines of their own
-        total += sum(wanted(m, None, args.modes, None) for m in ("target_only", "standalone", "parse_adaptive",
-                                                                  "parse_default_judge"))  # fmt: skip
+        total += sum(
+            wanted(m, None, args.modes, None)
+            for m in ("target_only", "standalone", "parse_adaptive", "parse_default_judge")
+        )
     with tqdm(total=total, desc="rows", file=sys.stderr) as progress:
         if args.url:
-            rows = run_server_rows(args.url, work, bool(args.judge_head), args.max_new_tokens, progress,
-                                   args.temperature, args.top_p, args.modes, args.batch_size, args.thresholds)  # fmt: skip
+            rows = run_server_rows(
+                args.url,
+                work,
+                bool(args.judge_head),
+                args.max_new_tokens,
+                progress,
+                args.temperature,
+                args.top_p,
+                args.modes,
+                args.batch_size,
+                args.thresholds,
+            )
         else:
-            rows = run_rows(work, config, args.max_new_tokens, progress, args.temperature, args.top_p, args.modes,
-                            args.dtype, args.batch_size, args.thresholds)  # fmt: skip
+            rows = run_rows(
+                work,
+                config,
+                args.max_new_tokens,
+                progress,
+                args.temperature,
+                args.top_p,
+                args.modes,
+                args.dtype,
+                args.batch_size,
+                args.thresholds,
+            )
     if args.no_nll:
         for row in rows:
             row["target_nll"] = None

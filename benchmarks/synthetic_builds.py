@@ -54,8 +54,12 @@ def main(argv=None) -> int:
         f"steps scale {args.steps_scale}"
     )
     for name, threads, env in ROWS:
-        run = subprocess.run([sys.executable, "-c", CHILD, str(ROOT), str(args.steps_scale), str(threads)],
-                             env={**os.environ, **env}, capture_output=True, text=True)  # fmt: skip
+        run = subprocess.run(
+            [sys.executable, "-c", CHILD, str(ROOT), str(args.steps_scale), str(threads)],
+            env={**os.environ, **env},
+            capture_output=True,
+            text=True,
+        )
         if run.returncode:
             print(f"{name:30s} failed: {run.stderr.strip().splitlines()[-1:]}")
             continue

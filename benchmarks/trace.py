@@ -1,7 +1,7 @@
 """Record a pair's lossless trace: the target's greedy outputs and, at every output position, whether
 the draft's greedy token there matches the target's and the draft's confidence in it.
 
-    python benchmarks/trace.py --pair synthetic|useless|smollm2|qwen-gsm|qwen-humaneval
+    python benchmarks/trace.py --pair synthetic|useless|smollm2|qwen-gsm|qwen-humaneval|qwen-edit
         [--first 0] [--count 16] [--max-new-tokens 256] [--batch 16] [--out benchmarks/traces/PAIR.json]
 
 Two SGLang engines, one after the other, greedy:
@@ -17,8 +17,13 @@ own chain runs on its own token, so the confidences past a round's first mismatc
 forced ones (no controller reads them). The target reads its own
 outputs the same way as a check (`self_match`: 1.0 in fp32; bf16 near-ties may part).
 
+The qwen-* pairs serve the Qwen2.5-Coder pair on support/problems.py's suites (`problems.suite`,
+chat template applied), the prompts `benchmarks/compare.py --suite humaneval|gsm|edit` sends.
+
 The trace (JSON, `parse_sglang.replay.Trace`): per request its prompt length, `match` ("1" where
-the draft's token is the target's), `confidence` (per mille) and whether it ended at a stop token.
+the draft's token is the target's), `confidence` (per mille), whether it ended at a stop token,
+and the token ids of its prompt (`prompt_ids`) and of the target's output (`output_ids`), from
+which the replay prices retrieval's copies.
 """
 
 from __future__ import annotations
@@ -34,7 +39,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from parse_sglang.tools.backends import connect, teacher_top1  # noqa: E402
 
-PAIRS = ("synthetic", "useless", "smollm2", "qwen-gsm", "qwen-humaneval")
+PAIRS = ("synthetic", "useless", "smollm2", "qwen-gsm", "qwen-humaneval", "qwen-edit")
+SUITES = {"qwen-gsm": "gsm", "qwen-humaneval": "humaneval", "qwen-edit": "edit"}  # support/problems.py's
 HERE = Path(__file__).resolve().parent
 
 
@@ -43,8 +49,9 @@ def load(name: str, first: int, count: int, cache_dir=None):
     if name in ("synthetic", "useless", "smollm2"):
         import adaptive
 
-        pair = adaptive.load_pair(name, SimpleNamespace(cache_dir=cache_dir, batches=[first + count], open_loop=False,
-                                                        one_by_one=None))  # fmt: skip
+        pair = adaptive.load_pair(
+            name, SimpleNamespace(cache_dir=cache_dir, batches=[first + count], open_loop=False, one_by_one=None)
+        )
         return pair.target, pair.draft, pair.dtype, pair.prompts[first : first + count]
     from transformers import AutoTokenizer
 
@@ -53,17 +60,20 @@ def load(name: str, first: int, count: int, cache_dir=None):
     from support import problems
 
     target, draft = models.pair_checkpoints("qwen2.5-coder", "bfloat16", cache_dir)
-    if name == "qwen-gsm":
-        texts = [p.question for p in problems.gsm(first, count, cache_dir)]
-    else:
-        texts = [p.question() for p in problems.humaneval(first, count, cache_dir)]
+    texts, _ = problems.suite(SUITES[name], first, count, cache_dir)
     return str(target), str(draft), "bfloat16", chat_prompt_ids(AutoTokenizer.from_pretrained(target), texts)
 
 
 def engine_args(model: str, dtype: str, batch: int, context: int) -> dict:
     """`sglang.Engine` arguments for one model of the pair: `batch` requests of `context` tokens."""
-    return {"model_path": model, "dtype": dtype, "max_running_requests": batch, "context_length": context,
-            "mem_fraction_static": 0.5, "max_total_tokens": max(8192, batch * context)}  # fmt: skip
+    return {
+        "model_path": model,
+        "dtype": dtype,
+        "max_running_requests": batch,
+        "context_length": context,
+        "mem_fraction_static": 0.5,
+        "max_total_tokens": max(8192, batch * context),
+    }
 
 
 def record(name: str, first: int, count: int, max_new: int, batch: int, cache_dir=None, log=print) -> dict:
@@ -86,12 +96,16 @@ def record(name: str, first: int, count: int, max_new: int, batch: int, cache_di
     same = sum(t == o for (tokens, _), out in zip(own, outputs) for t, o in zip(tokens, out))
     requests = []
     for prompt, out, o, (tokens, probs) in zip(prompts, outputs, outs, drafted):
-        requests.append({
-            "prompt_len": len(prompt),
-            "match": "".join("1" if t == x else "0" for t, x in zip(tokens, out)),
-            "confidence": [round(1000 * p) for p in probs],
-            "stopped": o["meta_info"]["finish_reason"]["type"] == "stop",
-        })  # fmt: skip
+        requests.append(
+            {
+                "prompt_len": len(prompt),
+                "match": "".join("1" if t == x else "0" for t, x in zip(tokens, out)),
+                "confidence": [round(1000 * p) for p in probs],
+                "stopped": o["meta_info"]["finish_reason"]["type"] == "stop",
+                "prompt_ids": list(prompt),
+                "output_ids": list(out),
+            }
+        )
     return {
         "pair": name,
         "dtype": dtype,
@@ -120,16 +134,25 @@ def main(argv=None) -> int:
             parser.error(f"--{flag}={value}: allowed is a positive integer")
     if args.first < 0:
         parser.error(f"--first={args.first}: allowed is an integer >= 0")
-    trace = record(args.pair, args.first, args.count, args.max_new_tokens, args.batch, args.cache_dir,
-                   log=lambda line: print(line, file=sys.stderr, flush=True))  # fmt: skip
+    trace = record(
+        args.pair,
+        args.first,
+        args.count,
+        args.max_new_tokens,
+        args.batch,
+        args.cache_dir,
+        log=lambda line: print(line, file=sys.stderr, flush=True),
+    )
     out = Path(args.out or HERE / "traces" / f"{args.pair}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(trace, separators=(",", ":")) + "\n")
     keep = sum(r["match"].count("1") for r in trace["requests"]) / max(
         sum(len(r["match"]) for r in trace["requests"]), 1
     )
-    print(f"{out}: {len(trace['requests'])} requests, draft matches {keep:.3f} of positions, "
-          f"target self-match {trace['self_match']:.3f}")  # fmt: skip
+    print(
+        f"{out}: {len(trace['requests'])} requests, draft matches {keep:.3f} of positions, "
+        f"target self-match {trace['self_match']:.3f}"
+    )
     return 0
 
 

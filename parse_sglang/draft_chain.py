@@ -1,5 +1,5 @@
-"""Step 1 of a PARSE round, the draft's L+1 decode steps, run by SGLang's own EAGLE
-multi-step draft machinery, so that on a GPU the whole loop is ONE CUDA-graph replay.
+"""Step 1 of a PARSE round, the draft's steps, run by SGLang's own EAGLE multi-step draft
+machinery, so that on a GPU the whole loop is ONE CUDA-graph replay.
 
 PARSE's draft is EAGLE's topk=1 chain with `num_steps = L + 2`: the chain starts at
 c_n (the round's input token, at position P = the committed length), step i writes the
@@ -17,6 +17,13 @@ an `EagleDraftWorker`) configured for that chain, and runs
 The draft's KV pool is un-shifted over the target's slots (slot p holds the draft's KV of
 token p): the prompt is prefilled over the target's slots (`prefill`), and no draft-extend
 graph or backend exists.
+
+Where the chain runs eagerly (no graphs: on CPU, where a forward costs about its weights
+whatever its rows), a round runs L forwards, as SGLang's STANDALONE does, not L + 1
+(`extends_first`): its first step is a draft extend over c_n and whatever the draft missed
+before it (the catch-up below, and `draft_tail`: the last round's d_L, when it was kept), whose
+last row's logits give d_1; then a chain of L steps from d_1 at P + 1 (L - 1 forwards), which
+never writes d_L's draft KV: where d_L is kept, the next round's first step writes it.
 
 An adaptive server drafts at several lengths (tiers, parse_sglang/adaptive.py): each tier L
 has its own chain of L + 2 steps, with its own multi-step attention backend, topk=1 chain
@@ -62,6 +69,7 @@ from sglang.srt.server_args import ServerArgs
 from sglang.srt.speculative.draft_utils import DraftBackendFactory
 from sglang.srt.speculative.eagle_info import EagleDraftInput
 from sglang.srt.speculative.eagle_worker_common import prepare_for_draft
+from sglang.srt.speculative.spec_utils import sample_draft_proposal
 from sglang.srt.speculative.standalone_worker_v2 import StandaloneDraftWorker
 
 from parse_sglang.request_state import state_of
@@ -99,7 +107,7 @@ class Draft(NamedTuple):
 class ChainTier:
     """What the chain of one draft length L runs with (kept for the life of the worker)."""
 
-    steps: int  # L + 2
+    steps: int  # L + 2 (one graph replay from c_n); eager: L from d_1 (at L = 1 none runs)
     parents: Optional[torch.Tensor] = None  # SGLang's topk=1 chain buffers for this step count
     score_indices: Optional[torch.Tensor] = None
     backend: object = None  # the multi-step draft attention backend
@@ -119,18 +127,16 @@ class DraftChain(StandaloneDraftWorker):
         samples: bool,
     ):
         """SGLang's STANDALONE draft worker (its own model, on the target's TP group, its own
-        KV pool over the target's slots), set to PARSE's chain of L + 2 steps for each draft
-        length L in `lengths`; `samples`: sampled requests draft by sampling (module docstring)."""
+        KV pool over the target's slots), set to PARSE's chain for each draft length L in
+        `lengths` (built once the target's graphs are known: `_capture_cuda_graphs`); `samples`:
+        sampled requests draft by sampling (module docstring)."""
         super().__init__(server_args, gpu_id, nccl_port, target_worker)
         self.samples = samples
-        self.tiers = {L: ChainTier(steps=L + 2) for L in lengths}
-        for L in self.tiers:
-            self._use(L)
-            self._rebuild_topk1_chain_buffers()
-            self.tiers[L].parents, self.tiers[L].score_indices = (
-                self._topk1_parents_prealloc, self._topk1_score_indices_prealloc)  # fmt: skip
+        self.lengths = tuple(lengths)
+        self.extends_first = True  # eager chains (no graphs); settled by `_capture_cuda_graphs`
+        self.tiers: dict[int, ChainTier] = {}
         self._no_proposal = None  # [max_bs, V] zeros: the q of c_n, which no one drafted
-        self._confidence = None  # [max_bs, L_max + 1] each chain step's top-1 probability (kept: graphs write it)
+        self._confidence = None  # [max_bs, L_max + 2] each chain step's top-1 probability (kept: graphs write it)
 
     def _use(self, length: int) -> ChainTier:
         """Make the chain of draft length `length` the one SGLang's code runs."""
@@ -143,16 +149,23 @@ class DraftChain(StandaloneDraftWorker):
         return tier
 
     def init_attention_backend(self):
-        """Only the multi-step decode backend, per tier: the draft's prefill keeps the runner's
-        own backend (no draft-extend backend replaces it, as EAGLE's would)."""
-        for length, tier in self.tiers.items():
-            self._use(length)
-            tier.backend = DraftBackendFactory(self.draft_runner, self.topk, tier.steps).create_decode_backend()
+        """Nothing yet: a chain's steps depend on whether the target captured its graphs, which
+        SGLang does after every attention backend exists (`_capture_cuda_graphs` builds them).
+        The draft's prefill keeps the runner's own backend (no draft-extend backend replaces it,
+        as EAGLE's would)."""
 
     def _capture_cuda_graphs(self):
-        """SGLang's draft-decode CUDA graph of the whole chain, per tier and captured batch size,
-        exactly where the target's verify pass is graphed too; never a draft-extend graph."""
-        if self.target_worker.model_runner.decode_cuda_graph_runner is None:
+        """Each tier's chain (`ChainTier`: SGLang's topk=1 chain buffers and multi-step decode
+        backend) and, exactly where the target's verify pass is graphed too, SGLang's draft-decode
+        CUDA graph of the whole chain per captured batch size; never a draft-extend graph."""
+        self.extends_first = self.target_worker.model_runner.decode_cuda_graph_runner is None
+        for L in self.lengths:
+            self.tiers[L] = tier = ChainTier(steps=max(L, 2) if self.extends_first else L + 2)
+            self._use(L)
+            self._rebuild_topk1_chain_buffers()
+            tier.parents, tier.score_indices = self._topk1_parents_prealloc, self._topk1_score_indices_prealloc
+            tier.backend = DraftBackendFactory(self.draft_runner, self.topk, tier.steps).create_decode_backend()
+        if self.extends_first:
             return
         from sglang.srt.speculative.eagle_draft_cuda_graph_runner import EAGLEDraftCudaGraphRunner
 
@@ -166,6 +179,8 @@ class DraftChain(StandaloneDraftWorker):
         """The draft's forward over a prefill batch (the target's slots: un-shifted KV); with
         `defer`, none: each request's draft then misses its whole sequence, which the first round
         that drafts extends (`catch_up`), a request that never drafts never paying for it."""
+        for req in batch.reqs:
+            state_of(req).draft_tail = False
         if defer:
             for req, length in zip(batch.reqs, batch.seq_lens_cpu.tolist()):
                 state_of(req).draft_behind = length  # positions 0 .. P-1 (a later chunk's P covers the earlier)
@@ -179,7 +194,19 @@ class DraftChain(StandaloneDraftWorker):
         server's tier-0 or head round): they are counted as missing from the draft's KV, and the
         next round that drafts first extends the draft over what is missing (`catch_up`)."""
         for req, count in zip(reqs, tokens):
-            state_of(req).draft_behind += count
+            state = state_of(req)
+            state.draft_behind += count + state.draft_tail  # a kept d_L not yet written is missing too
+            state.draft_tail = False
+
+    def after_round(self, reqs, length: int, kept: Sequence[int], copied: Sequence[bool]) -> None:
+        """A window round at draft length `length` committed kept[i] + 1 tokens of request i. Where
+        it drafted them (length > 0, no copy) the draft's KV holds them, but for a kept d_L of an
+        eager chain (`draft_tail`: the next round's first step writes it); else the draft missed them."""
+        for req, a, copy_ in zip(reqs, kept, copied):
+            if length == 0 or copy_:
+                self.idle([req], [a + 1])
+            elif self.extends_first and a == length:
+                state_of(req).draft_tail = True
 
     def draft(self, batch: ScheduleBatch, last_tokens: torch.Tensor, rows: torch.Tensor, length: int) -> Draft:
         """The round's `Draft` at draft length L = `length` > 0; rows: the batch's
@@ -188,21 +215,48 @@ class DraftChain(StandaloneDraftWorker):
         # a catch-up (over a deferred prefill, tier-0 or head rounds) is what switching to drafting costs,
         # not what a round of the tier does: priced in, one over a single 4-step tier-0 round made L = 8 at
         # batch 60 cost 5-6.5 s where it costs 3.4 s, and the real pair's server alternated with tier 0
-        behind = self.catch_up(batch, rows)
-        chain, proposals, graphed = self._run_chain(batch, last_tokens, length)
-        bs, steps = last_tokens.shape[0], slice(1, 1 + length)
-        confidence = self._confidence[:bs, :length]  # step i's logits give d_{i+1}
-        proposals = proposals[:, steps] if proposals is not None else None
-        return Draft(chain[:, steps], confidence, proposals, graphed, caught_up=behind)
+        bs = last_tokens.shape[0]
+        if not self.extends_first:  # one replay: c_n, d_1 .. d_{L+1}
+            behind, _ = self.catch_up(batch, rows)
+            chain, proposals, graphed = self._run_chain(batch, last_tokens, length)
+            steps = slice(1, 1 + length)
+            proposals = proposals[:, steps] if proposals is not None else None
+            return Draft(chain[:, steps], self._confidence[:bs, :length], proposals, graphed, caught_up=behind)
+        behind, logits = self.catch_up(batch, rows, through_input=True)  # [bs, V]: c_n's logits
+        first, first_q = self._first_draft(batch, logits)  # [bs, 1] d_1, [bs, V] its q (None: argmax)
+        chain, proposals, graphed = first, None if first_q is None else first_q[:, None], False
+        if length > 1:  # d_1 .. d_L from d_1 at P + 1 (the verify sets the committed lengths again)
+            batch.seq_lens, batch.seq_lens_cpu = batch.seq_lens + 1, batch.seq_lens_cpu + 1
+            batch.seq_lens_sum += bs
+            chain, proposals, graphed = self._run_chain(batch, first, length, first_q)
+        return Draft(chain, self._confidence[:bs, :length], proposals, graphed, caught_up=behind)
+
+    def _first_draft(self, batch: ScheduleBatch, logits: torch.Tensor):
+        """d_1 [bs, 1] from c_n's draft logits [bs, V], drawn as a chain step draws (its confidence
+        in column 0), and its q [bs, V] where the chain samples (None: the argmax)."""
+        logits = logits.float()
+        bs = logits.shape[0]
+        buffer = self._kept_buffer("_confidence", bs, self._confidence_width())
+        buffer[:bs, 0] = torch.exp(logits.amax(dim=-1) - torch.logsumexp(logits, dim=-1))
+        info = batch.sampling_info
+        if self.samples and not info.is_all_greedy:  # the chain's own rule (`sampled_proposals`)
+            q, _, token = sample_draft_proposal(
+                logits, info.temperatures, info.top_ks, sampling_seed=info.sampling_seed, positions=batch.seq_lens + 1
+            )
+            return token.view(bs, 1).to(torch.int64), q
+        return logits.argmax(dim=-1, keepdim=True), None
+
+    def _confidence_width(self) -> int:
+        """Columns of the confidence buffer: at least the longest chain's steps."""
+        return max(tier.steps for tier in self.tiers.values())
 
     def draft_forward(self, forward_batch: ForwardBatch):
         """SGLang's chain (`EagleDraftWorker.draft_forward`, also what its graph runner
         captures), each step's top-1 probability written to the confidence buffer as the step's
-        logits come out: column i for the step that drafts d_{i+1}, rows [:bs] of the (padded)
+        logits come out: column j for the step that drafts d_{j+1}, rows [:bs] of the (padded)
         batch. SGLang's topk=1 chain keeps no probability (its `topk_p` is 1)."""
-        runner, steps = self.draft_runner, itertools.count()
-        width = max(tier.steps for tier in self.tiers.values())  # L_max + 2 >= the chain's forwards
-        buffer = self._kept_buffer("_confidence", forward_batch.batch_size, width)
+        runner, steps = self.draft_runner, itertools.count(int(self.extends_first))  # eager: d_1 is column 0's
+        buffer = self._kept_buffer("_confidence", forward_batch.batch_size, self._confidence_width())
         own = runner.__dict__.get("forward")  # an instance-level forward (a test's or a runtime's) to restore
 
         def forward(batch, *args, **kwargs):
@@ -231,34 +285,39 @@ class DraftChain(StandaloneDraftWorker):
             setattr(self, name, buffer)
         return buffer
 
-    def catch_up(self, batch: ScheduleBatch, rows: torch.Tensor) -> int:
+    def catch_up(self, batch: ScheduleBatch, rows: torch.Tensor, through_input: bool = False):
         """Draft extends over the committed tokens whose draft KV is missing: the last
-        `draft_behind` (`req.parse`) before c_n, skipped by tier-0 rounds or a deferred prefill.
-        Only a round that resumes drafting pays it, like a prefill: each extend has every request
-        (its next piece of at most `piece` tokens, or its last token again: rewriting a token's
-        draft KV over a context that has it is harmless), its tokens and lengths in one
-        host-to-device copy. batch.seq_lens_cpu: the committed lengths P. Returns the tokens it
-        extended the batch over (what pricing a probe's catch-up counts)."""
-        behind = [state_of(req).draft_behind for req in batch.reqs]
-        if not any(behind):
-            return 0
-        ends = batch.seq_lens_cpu.tolist()  # a host tensor
-        starts = [end - max(b, 1) for end, b in zip(ends, behind)]
+        `draft_behind` (`req.parse`) before c_n, skipped by tier-0 rounds or a deferred prefill,
+        and a kept d_L an eager chain left (`draft_tail`); `through_input`: and c_n itself (an
+        eager chain's first step, every round). Otherwise only a round that resumes drafting pays
+        it, like a prefill: each extend has every request (its next piece of at most `piece`
+        tokens, or its last token again: rewriting a token's draft KV over a context that has it
+        is harmless), its tokens and lengths in one host-to-device copy. batch.seq_lens_cpu: the
+        committed lengths P. Returns the `draft_behind` tokens it extended the batch over (what
+        pricing a probe's catch-up counts) and the last extend's logits [bs, V] (None: no extend)."""
+        states = [state_of(req) for req in batch.reqs]
+        behind = [s.draft_behind for s in states]
+        if not through_input and not any(behind):
+            return 0, None
+        ends = [P + through_input for P in batch.seq_lens_cpu.tolist()]  # a host tensor
+        need = [b + s.draft_tail + 1 if through_input else max(b, 1) for b, s in zip(behind, states)]
+        starts = [end - n for end, n in zip(ends, need)]
         chunk = get_schedule().chunked_prefill_size or 0
         # a catch-up over whole prompts is a prefill: bounded like SGLang's chunked prefill
         piece = max(chunk // len(ends), 16) if chunk > 0 else max(ends)
-        while True:
+        while True:  # the last extend ends every request at its end
             pieces = [(s, min(s + piece, e)) if s < e else (e - 1, e) for s, e in zip(starts, ends)]
-            self._extend_pieces(batch, rows, pieces)
+            logits = self._extend_pieces(batch, rows, pieces)
             starts = [s + piece for s in starts]
             if all(s >= e for s, e in zip(starts, ends)):
                 break
-        for req in batch.reqs:
-            state_of(req).draft_behind = 0
-        return sum(behind)
+        for state in states:
+            state.draft_behind, state.draft_tail = 0, False
+        return sum(behind), logits
 
-    def _extend_pieces(self, batch: ScheduleBatch, rows: torch.Tensor, pieces) -> None:
-        """One draft extend: request i over positions [start_i, end_i) of `pieces`."""
+    def _extend_pieces(self, batch: ScheduleBatch, rows: torch.Tensor, pieces) -> torch.Tensor:
+        """One draft extend: request i over positions [start_i, end_i) of `pieces`; each one's
+        last row's logits [bs, V]."""
         tokens, positions, owners = [], [], []
         for i, (req, (start, end)) in enumerate(zip(batch.reqs, pieces)):
             filled = req.origin_input_ids + req.output_ids  # P + 1 tokens, the last is c_n
@@ -284,34 +343,38 @@ class DraftChain(StandaloneDraftWorker):
         extend.extend_logprob_start_lens = list(lens)
         extend.return_logprob = False
         extend.spec_info = None
-        self._extend(extend)
+        return self._extend(extend)
 
-    def _extend(self, batch: ScheduleBatch) -> None:
-        """The draft model's forward over an extend batch (its runner's own attention backend)."""
+    def _extend(self, batch: ScheduleBatch) -> torch.Tensor:
+        """The draft model's forward over an extend batch (its runner's own attention backend):
+        each request's last row's logits [bs, V]."""
         forward_batch = ForwardBatch.init_new(
             batch, self.draft_runner, capture_hidden_mode=CaptureHiddenMode.NULL, return_hidden_states_before_norm=False
         )
         forward_batch.return_logprob = False
-        self.draft_runner.forward(forward_batch)
+        return self.draft_runner.forward(forward_batch).logits_output.next_token_logits
 
-    def _run_chain(self, batch: ScheduleBatch, last_tokens: torch.Tensor, length: int):
-        """(draft_tokens [bs, L+2] c_n, d_1 .. d_{L+1} from each request's committed KV, proposals [bs, L+2, V] (q of each token, c_n's zero; None for an all-greedy
-        batch), whether the chain ran as a graph replay), at draft length L = `length`.
+    def _run_chain(self, batch: ScheduleBatch, inputs: torch.Tensor, length: int, first_q=None):
+        """At draft length L = `length`, from each request's `inputs` token at batch.seq_lens (c_n
+        at P; eager: d_1 at P + 1, its q `first_q`): (draft_tokens [bs, steps] c_n, d_1 .. d_{L+1};
+        eager: d_1 .. d_L), proposals [bs, steps, V] (q of each token, c_n's zero; None for an
+        all-greedy batch), whether the chain ran as a graph replay.
 
-        batch.seq_lens must be the committed lengths P; leaves batch.out_cache_loc and
-        batch.spec_info set to the draft's (the worker overwrites both for the verify)."""
+        Leaves batch.out_cache_loc and batch.spec_info set to the draft's (the worker overwrites
+        both for the verify)."""
         self._use(length)
-        bs = last_tokens.shape[0]
+        bs = inputs.shape[0]
+        sampled = self.samples and not batch.sampling_info.is_all_greedy
         draft_input = EagleDraftInput(
             topk_p=torch.ones(bs, 1, dtype=torch.float32, device=self.device),
-            topk_index=last_tokens.view(bs, 1).to(torch.int64),
-            draft_probs=None if batch.sampling_info.is_all_greedy or not self.samples else self._no_proposal_rows(bs),
+            topk_index=inputs.view(bs, 1).to(torch.int64),
+            draft_probs=(first_q if first_q is not None else self._no_proposal_rows(bs)) if sampled else None,
             hidden_states=None,
             capture_hidden_mode=CaptureHiddenMode.NULL,
         )
         batch.forward_mode = ForwardMode.DECODE
         batch.spec_info = draft_input
-        batch.input_ids = last_tokens
+        batch.input_ids = inputs
         with sampled_proposals(self.samples):
             forward_batch, use_graph, _ = prepare_for_draft(
                 draft_input,

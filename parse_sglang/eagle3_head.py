@@ -93,14 +93,20 @@ class HeadChain:
     def __init__(self, server_args, gpu_id: int, nccl_port: int, target_worker, path: str, steps: int):
         runner = target_worker.model_runner
         spec = get_spec()
-        layers = head_aux_layers(path, runner.model_config.hf_config, runner.model, server_args,
-                                 bool(spec.speculative_use_rejection_sampling))  # fmt: skip
+        layers = head_aux_layers(
+            path,
+            runner.model_config.hf_config,
+            runner.model,
+            server_args,
+            bool(spec.speculative_use_rejection_sampling),
+        )
         # the target captures the head's aux states from its attention backends on (configured after this)
         runner.spec_aux_config.eagle_use_aux_hidden_state = True
         runner.spec_aux_config.eagle_aux_hidden_state_layer_ids = layers
         # SGLang's draft worker reads the draft path and step counts from the speculative config
-        self._names = dict(speculative_draft_model_path=path, speculative_num_steps=steps,
-                           speculative_num_draft_tokens=steps + 1)  # fmt: skip
+        self._names = dict(
+            speculative_draft_model_path=path, speculative_num_steps=steps, speculative_num_draft_tokens=steps + 1
+        )
         with self._as_the_draft():
             self.worker = EagleDraftWorker(server_args, gpu_id, nccl_port, target_worker)
         self.worker.speculative_algorithm = SpeculativeAlgorithm.EAGLE3  # its lm_head and token map branches
@@ -147,14 +153,19 @@ class HeadChain:
         """([bs, k] the head's chain from each request's carried input (batch.spec_info), whether
         it replayed the chain's graph); batch.seq_lens must be the committed lengths."""
         carried = batch.spec_info
-        draft_input = EagleDraftInput(topk_p=carried.topk_p, topk_index=carried.topk_index,
-                                      hidden_states=carried.hidden_states, capture_hidden_mode=CaptureHiddenMode.LAST)  # fmt: skip
+        draft_input = EagleDraftInput(
+            topk_p=carried.topk_p,
+            topk_index=carried.topk_index,
+            hidden_states=carried.hidden_states,
+            capture_hidden_mode=CaptureHiddenMode.LAST,
+        )
         batch.forward_mode = ForwardMode.DECODE
         batch.spec_info = draft_input
         batch.input_ids = committed.last_tokens
         graph = self.worker.cuda_graph_runner  # SGLang's k-step chain graph (None: eager)
-        forward_batch, runs, _ = prepare_for_draft(draft_input, req_to_token_pool, batch, graph,
-                                                   self.worker.draft_runner, 1, self.steps)  # fmt: skip
+        forward_batch, runs, _ = prepare_for_draft(
+            draft_input, req_to_token_pool, batch, graph, self.worker.draft_runner, 1, self.steps
+        )
         graphed = bool(runs)
         forward_batch.return_logprob = False
         if graphed:

@@ -30,8 +30,14 @@ def passes(code: str, tests: str, timeout: float = GRADE_TIMEOUT_S) -> bool:
     program = f"{code}\n\n{tests}\n\nprint({token!r})\n"
     with tempfile.TemporaryDirectory(prefix="parse-grade-") as folder:
         try:
-            done = subprocess.run([sys.executable, "-I", "-c", program], cwd=folder, capture_output=True, text=True,
-                                  timeout=timeout, stdin=subprocess.DEVNULL)  # fmt: skip
+            done = subprocess.run(
+                [sys.executable, "-I", "-c", program],
+                cwd=folder,
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+                stdin=subprocess.DEVNULL,
+            )
         except subprocess.TimeoutExpired:
             return False
     return done.returncode == 0 and token in done.stdout

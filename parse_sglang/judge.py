@@ -220,8 +220,9 @@ def chain_statistics(logits: torch.Tensor, drafts: torch.Tensor) -> ChainStats:
     return ChainStats(top_ids.to(torch.int64), draft_probs[:, :-1], top_probs[:, :-1], entropy[:, :-1])
 
 
-def divergence_passes(matches: torch.Tensor, entropy: torch.Tensor, theta: torch.Tensor, window: torch.Tensor,
-                      lengths: torch.Tensor) -> torch.Tensor:  # fmt: skip
+def divergence_passes(
+    matches: torch.Tensor, entropy: torch.Tensor, theta: torch.Tensor, window: torch.Tensor, lengths: torch.Tensor
+) -> torch.Tensor:
     """[B, L] FLy's rule (arXiv 2511.22972) for d_j: the target's entropy where d_j was drafted is
     >= θ and the next W draft tokens all equal the target's own (read after d_j, so the target
     has taken d_j up); never within the last W positions of the draft (nothing to read there).
@@ -235,9 +236,15 @@ def divergence_passes(matches: torch.Tensor, entropy: torch.Tensor, theta: torch
     return (entropy >= theta[:, None]) & (ahead == window[:, None]) & room
 
 
-def token_passes(stats: ChainStats, matches: torch.Tensor, lengths: torch.Tensor, modes: torch.Tensor,
-                 thresholds: torch.Tensor, windows: torch.Tensor,
-                 harm: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+def token_passes(
+    stats: ChainStats,
+    matches: torch.Tensor,
+    lengths: torch.Tensor,
+    modes: torch.Tensor,
+    thresholds: torch.Tensor,
+    windows: torch.Tensor,
+    harm: Optional[torch.Tensor],
+) -> tuple[torch.Tensor, torch.Tensor]:
     """([B, L] whether each draft token passes its request's token judge, [B, L] the score it read).
     modes [B] (`TOKEN_JUDGES`; 0: no token judge, every token passes), thresholds [B] (λ, θ or the
     head's P(harmful) bound), windows [B] (W); harm [B, L] the head's P(harmful) (None: no head)."""
@@ -263,8 +270,9 @@ def probe_reach(probe_scores: torch.Tensor, threshold: torch.Tensor, boundaries:
     return torch.where(count > 0, reach, torch.zeros_like(reach))
 
 
-def judged_tokens(length: int, judged: torch.Tensor, probed: torch.Tensor, reach: torch.Tensor,
-                  token_ok: torch.Tensor) -> torch.Tensor:  # fmt: skip
+def judged_tokens(
+    length: int, judged: torch.Tensor, probed: torch.Tensor, reach: torch.Tensor, token_ok: torch.Tensor
+) -> torch.Tensor:
     """[B, L] the draft tokens a request's judge accepts: its judge is on, they lie within the
     prefix its probes passed (requests that probe) and they pass its token judge."""
     steps = torch.arange(length, device=judged.device)
@@ -282,9 +290,15 @@ class Verdict:
     top_tokens: Optional[torch.Tensor]  # [bs, L+1] the target's own token after c_n d_1..d_j (argmax; None: not judged)
 
 
-def judge_window(window, chain_logits: torch.Tensor, probe_logits: torch.Tensor, probe: Optional[JudgeProbe],
-                 columns: Optional[torch.Tensor], hidden: Optional[torch.Tensor] = None,
-                 head=None) -> Verdict:  # fmt: skip
+def judge_window(
+    window,
+    chain_logits: torch.Tensor,
+    probe_logits: torch.Tensor,
+    probe: Optional[JudgeProbe],
+    columns: Optional[torch.Tensor],
+    hidden: Optional[torch.Tensor] = None,
+    head=None,
+) -> Verdict:
     """A round's verdict: chain_logits [bs, L+1, V], probe_logits [bs, K, V] of its verify pass;
     `window` is the round's `window_plan.Window`; columns: `answer_columns(probe)`; hidden [bs, L+1, H]
     the target's final hidden state of the chain rows and head the server's `judge_head.JudgeHead`
@@ -308,7 +322,8 @@ def judge_window(window, chain_logits: torch.Tensor, probe_logits: torch.Tensor,
     if head is not None and hidden is not None:
         harm = head.harm(hidden[:, 1:], stats.draft_probs.log(), stats.top_probs.log())
     matches = drafts == stats.top_tokens[:, :-1]
-    token_ok, scores = token_passes(stats, matches, planned.draft_lens, planned.token_modes, planned.token_thresholds,
-                                    planned.token_windows, harm)  # fmt: skip
+    token_ok, scores = token_passes(
+        stats, matches, planned.draft_lens, planned.token_modes, planned.token_thresholds, planned.token_windows, harm
+    )
     passed = judged_tokens(drafts.shape[1], planned.judged, planned.probed, reach, token_ok)
     return Verdict(probe_scores, scores, passed, stats.top_tokens)

@@ -26,8 +26,14 @@ import torch
 FORMAT = "parse-sglang-judge-head/2"
 LAYER = "final"  # the hidden state SGLang's logits processor hands to the lm_head (after the last norm)
 EXTRA_FEATURES = ("logp_draft", "logp_top")  # after the hidden state
-IDENTITY_KEYS = ("architectures", "hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size",
-                 "intermediate_size")  # fmt: skip
+IDENTITY_KEYS = (
+    "architectures",
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "vocab_size",
+    "intermediate_size",
+)
 SETTING = "judge_head"
 BOUND = (
     "none in this file: the server's head_threshold (a request's overrides it); calibration lists each bound's figures"
@@ -121,8 +127,13 @@ def load(path: str, target_config=None) -> JudgeHead:
     if raw.get("sha256") != _digest(body):
         raise ValueError(f"{where} is invalid: the file is damaged (its sha256 does not match its contents)")
     try:
-        head = JudgeHead(TargetIdentity(**raw["target"]), from_base64(raw["weights"]), float(raw["bias"]),
-                         list(raw["calibration"]), dict(raw["recipe"]))  # fmt: skip
+        head = JudgeHead(
+            TargetIdentity(**raw["target"]),
+            from_base64(raw["weights"]),
+            float(raw["bias"]),
+            list(raw["calibration"]),
+            dict(raw["recipe"]),
+        )
     except (KeyError, TypeError, ValueError) as e:
         raise ValueError(f"{where} is invalid: a field is missing or malformed ({e})") from None
     if head.weights.numel() != head.target.hidden_size + len(EXTRA_FEATURES):

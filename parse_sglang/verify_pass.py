@@ -62,8 +62,9 @@ def window_slots(req_to_token, committed: Committed, rows: int) -> torch.Tensor:
     return req_to_token[committed.rows[:, None], slots].reshape(-1).to(torch.int64)
 
 
-def target_verify(target_worker, verify_graphs, req_to_token, batch: ScheduleBatch, committed: Committed, window,
-                  aux: bool = False):  # fmt: skip
+def target_verify(
+    target_worker, verify_graphs, req_to_token, batch: ScheduleBatch, committed: Committed, window, aux: bool = False
+):
     """The round's one target forward; returns chain logits [bs * (L+1), V], probe logits
     [bs, K, V], whether it replayed a graph, and with `aux` the target's EAGLE-3 aux hidden
     states of every window row [bs * rows, K*H] (an EAGLE-3 head's input), else None."""

@@ -13,12 +13,12 @@ Conventions this worker keeps with SGLang's scheduler (sync V2 schema, no overla
   2 * N_max slots per decode round), chain rows first, so the KV of the accepted prefix
   c_n, d_1..d_a is already in place and SGLang's `kv_committed_len += a + 1` commits it.
 - The draft has its own KV pool over the same slots, un-shifted: slot p holds the draft's
-  KV of token p. Its L+1 decode steps per round (inputs c_n, d_1..d_L) run as SGLang's
-  EAGLE topk=1 chain (`draft_chain.DraftChain`: one CUDA-graph replay on a GPU), so its KV
-  exists for every slot that can become committed and no draft re-extend is needed; only an
-  adaptive server's tier-0 rounds and deferred prefills (`_defers_draft`) skip the draft, and
-  the round that drafts again first extends the draft over what they committed
-  (`DraftChain.catch_up`).
+  KV of token p. Its steps run as SGLang's EAGLE topk=1 chain (`draft_chain.DraftChain`): on
+  a GPU one CUDA-graph replay of L+1 decode steps (inputs c_n, d_1..d_L), so its KV exists for
+  every slot that can become committed; eagerly L forwards, the first an extend over c_n and
+  a kept d_L of the round before. An adaptive server's tier-0 rounds, copies and deferred
+  prefills (`_defers_draft`) skip the draft, and the round that drafts again first extends the
+  draft over what they committed (`DraftChain.catch_up`).
 - Host and device meet three times a round (docs/gpu.md §9): the drafts come to the host (their
   text places the boundaries) packed with their confidences (where an adaptive server's verify
   stops), the round's plan goes to the device as one packed tensor (`window_plan`), and after
@@ -66,7 +66,7 @@ from sglang.srt.speculative.base_spec_worker import BaseSpecWorker
 
 from parse_sglang.acceptance import Accepted, round_result
 from parse_sglang.adaptive import AdaptiveDraftLength
-from parse_sglang.draft_length import DECODE, HEAD, KINDS, Tier
+from parse_sglang.draft_length import HEAD, KINDS, Tier
 from parse_sglang.attention.window import WindowGeometry, shape_constants
 from parse_sglang.boundaries import TokenTexts
 from parse_sglang.counters import ServerTotals, record_round_stats
@@ -190,8 +190,7 @@ class ParseWorker(WorkerSetup, BaseSpecWorker):
         result = self._result(batch, committed, window, accepted, chain_logits, graphed)  # 9. SGLang commits
         kept = self._record(batch.reqs, window, accepted, graphed)  # counters, target phases, the round's costs
         # the draft's KV holds its own chain, not a copy: it catches up over what a copy committed
-        missed = [a + 1 if tier == DECODE or copied else 0 for a, copied in zip(kept, window.plan.copied.tolist())]
-        self._draft_worker.idle(batch.reqs, missed)
+        self._draft_worker.after_round(batch.reqs, tier.length, kept, window.plan.copied.tolist())
         return result
 
     def _head_round(self, batch: ScheduleBatch, committed: Committed, policies) -> GenerationBatchResult:
@@ -294,7 +293,8 @@ class ParseWorker(WorkerSetup, BaseSpecWorker):
 
     def _draft(self, batch: ScheduleBatch, committed: Committed, length: int) -> Draft:
         """d_1..d_L from c_n, with each one's confidence and proposal distribution, and whether
-        the draft ran as one graph replay (`DraftChain.draft`: L+1 draft decode steps); L = 0 (a
+        the draft ran as one graph replay (`DraftChain.draft`: L + 1 draft decode steps in one
+        replay, or eagerly L forwards, the first an extend); L = 0 (a
         round of copies alone): nothing, on the host."""
         if length == 0:
             nothing = torch.empty((len(batch.reqs), 0), dtype=torch.int64)

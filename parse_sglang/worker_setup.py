@@ -38,9 +38,12 @@ class WorkerSetup:
             self.head.alloc_memory_pool(memory_pool_config, req_to_token_pool, token_to_kv_pool_allocator)
         if default_tree_mask_mode().name == "FULL_MASK":  # the GPU backends read the FULL form
             self.mask_buffer = FullMaskBuffer.for_pools(
-                self.window_max, get_schedule().max_running_requests, token_to_kv_pool_allocator.size,
-                self.model_runner.model_config.context_len, self.device,
-            )  # fmt: skip
+                self.window_max,
+                get_schedule().max_running_requests,
+                token_to_kv_pool_allocator.size,
+                self.model_runner.model_config.context_len,
+                self.device,
+            )
             logger.info("PARSE FULL-mask buffer: %.1f MiB", self.mask_buffer.buffer.numel() / 2**20)
 
     def init_attention_backends(self):

@@ -52,8 +52,15 @@ class RMSNorm(nn.Module):
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
 
 
-_LAYER = {"q_proj": "self_attn", "k_proj": "self_attn", "v_proj": "self_attn", "o_proj": "self_attn",
-          "gate_proj": "mlp", "up_proj": "mlp", "down_proj": "mlp"}  # fmt: skip
+_LAYER = {
+    "q_proj": "self_attn",
+    "k_proj": "self_attn",
+    "v_proj": "self_attn",
+    "o_proj": "self_attn",
+    "gate_proj": "mlp",
+    "up_proj": "mlp",
+    "down_proj": "mlp",
+}
 _NORMS = ("input_layernorm", "hidden_norm", "post_attention_layernorm")
 _EAGLE3_NAMES = {  # Head's parameter names -> an EAGLE-3 checkpoint's
     **{f"{name}.weight": f"midlayer.{group}.{name}.weight" for name, group in _LAYER.items()},
@@ -116,8 +123,12 @@ class Head(nn.Module):
 
     def _finish(self, attended, hidden):
         residual = attended + hidden
-        residual = self.down_proj(nn.functional.silu(self.gate_proj(x := self.post_attention_layernorm(residual)))
-                                  * self.up_proj(x)) + residual  # fmt: skip
+        residual = (
+            self.down_proj(
+                nn.functional.silu(self.gate_proj(x := self.post_attention_layernorm(residual))) * self.up_proj(x)
+            )
+            + residual
+        )
         return self.lm_head(self.norm(residual)), residual
 
     def two_steps(self, aux, tokens):
@@ -198,9 +209,22 @@ class Head(nn.Module):
 def head_config(target: dict, aux_layer_ids: Sequence[int], dtype: str = "float32") -> dict:
     """config.json of a one-layer EAGLE-3 head (`LlamaForCausalLMEagle3`) of the target's shape
     (`target`: its config.json) over its vocabulary, reading `aux_layer_ids`."""
-    kept = ("hidden_act", "rms_norm_eps", "max_position_embeddings", "rope_theta", "rope_parameters",
-            "bos_token_id", "eos_token_id", "pad_token_id", "intermediate_size", "hidden_size",
-            "num_attention_heads", "num_key_value_heads", "head_dim", "vocab_size")  # fmt: skip
+    kept = (
+        "hidden_act",
+        "rms_norm_eps",
+        "max_position_embeddings",
+        "rope_theta",
+        "rope_parameters",
+        "bos_token_id",
+        "eos_token_id",
+        "pad_token_id",
+        "intermediate_size",
+        "hidden_size",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "head_dim",
+        "vocab_size",
+    )
     return {
         **{key: target[key] for key in kept if key in target},
         "architectures": ["LlamaForCausalLMEagle3"],
@@ -291,8 +315,12 @@ def build(cache_dir=None, log=print) -> Path:
     from support import synthetic
 
     target, _ = synthetic.build(cache_dir, log=log)
-    record = {"head": "eagle3", **HEAD_RECIPE, "target": synthetic.weights_hash(target),
-              "torch": importlib.metadata.version("torch")}  # fmt: skip
+    record = {
+        "head": "eagle3",
+        **HEAD_RECIPE,
+        "target": synthetic.weights_hash(target),
+        "torch": importlib.metadata.version("torch"),
+    }
     digest = hashlib.sha256(json.dumps(record, sort_keys=True).encode()).hexdigest()[:12]
     threads = torch.get_num_threads()
     torch.set_num_threads(2)  # the same weights on any machine with the same software

@@ -29,11 +29,22 @@ def problems(suite: str, first: int, count: int, cache_dir=None, log=print) -> l
     from support import problems as problem_sets
 
     if suite == "gsm":
-        return [{"question": p.question, "answer": p.answer, "group": f"gsm template {p.template}"}
-                for p in problem_sets.gsm(first, count, cache_dir, seed=GSM_MINING_SEED)]  # fmt: skip
+        return [
+            {"question": p.question, "answer": p.answer, "group": f"gsm template {p.template}"}
+            for p in problem_sets.gsm(first, count, cache_dir, seed=GSM_MINING_SEED)
+        ]
     if suite == "humaneval":
-        return [{"question": p.question(), "group": p.task_id, "task_id": p.task_id, "prompt": p.prompt,
-                 "test": p.test, "entry_point": p.entry_point} for p in problem_sets.humaneval(first, count, cache_dir)]  # fmt: skip
+        return [
+            {
+                "question": p.question(),
+                "group": p.task_id,
+                "task_id": p.task_id,
+                "prompt": p.prompt,
+                "test": p.test,
+                "entry_point": p.entry_point,
+            }
+            for p in problem_sets.humaneval(first, count, cache_dir)
+        ]
     from transformers import AutoTokenizer
 
     from support import synthetic

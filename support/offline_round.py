@@ -17,8 +17,9 @@ class OfflineRound:
     per-process state a worker keeps (token texts, per-shape constants, the FULL-mask buffer,
     sized for `max_context`)."""
 
-    def __init__(self, tokenizer, policy: RequestPolicy, batch: int, suffix_len: int, max_rows: int, max_context: int,
-                 device):  # fmt: skip
+    def __init__(
+        self, tokenizer, policy: RequestPolicy, batch: int, suffix_len: int, max_rows: int, max_context: int, device
+    ):
         self.texts = TokenTexts(tokenizer, len(tokenizer))
         self.policy, self.batch, self.suffix_len, self.device = policy, batch, suffix_len, device
         self.constants = ShapeConstants(device)

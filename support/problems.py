@@ -73,8 +73,10 @@ def humaneval(first: int = 0, count: int = 164, cache_dir=None, wheel_dir=None) 
     rows = [json.loads(line) for line in lines if line.strip()]
     if not 0 <= first < len(rows):
         raise ValueError(f"--first={first} is invalid: allowed is 0 .. {len(rows) - 1} (HumanEval has {len(rows)})")
-    return [CodeProblem(r["task_id"], r["prompt"], r["test"], r["entry_point"], r["canonical_solution"])
-            for r in rows[first : first + count]]  # fmt: skip
+    return [
+        CodeProblem(r["task_id"], r["prompt"], r["test"], r["entry_point"], r["canonical_solution"])
+        for r in rows[first : first + count]
+    ]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,10 +130,19 @@ def gsm(first: int = 0, count: int = 60, cache_dir=None, wheel_dir=None, seed: i
         for package in ("reasoning_gym", "reasoning_gym/arithmetic", GSM_PACKAGE):
             (Path(folder) / package / "__init__.py").write_text("")
         module = ast.parse(archive.read(GSM_PACKAGE + "gsm_symbolic.py").decode())
-        tasks = next(ast.literal_eval(n.value) for n in module.body
-                     if isinstance(n, ast.Assign) and getattr(n.targets[0], "id", None) == "tasks_ok")  # fmt: skip
-        done = subprocess.run([sys.executable, "-S", "-c", _GSM_SCRIPT, json.dumps([seed, first, count, tasks])],
-                              cwd=folder, capture_output=True, text=True, check=True, env={"PYTHONPATH": folder})  # fmt: skip
+        tasks = next(
+            ast.literal_eval(n.value)
+            for n in module.body
+            if isinstance(n, ast.Assign) and getattr(n.targets[0], "id", None) == "tasks_ok"
+        )
+        done = subprocess.run(
+            [sys.executable, "-S", "-c", _GSM_SCRIPT, json.dumps([seed, first, count, tasks])],
+            cwd=folder,
+            capture_output=True,
+            text=True,
+            check=True,
+            env={"PYTHONPATH": folder},
+        )
     return [MathProblem(p["question"] + GSM_SUFFIX, p["answer"], p["template"]) for p in json.loads(done.stdout)]
 
 
@@ -206,7 +217,7 @@ class EditProblem:
         if self.kind == "rename_params":
             return [a.arg for a in args] == [new for _, new in self.renames]
         if self.kind == "rename_local":
-            (old, new), = self.renames  # fmt: skip
+            ((old, new),) = self.renames
             return old not in names and new in names
         if self.kind == "while_loop":
             nodes = list(ast.walk(function))
@@ -240,8 +251,11 @@ def _arguments(function: ast.FunctionDef) -> list[ast.arg]:
 
 def _value_errors(function: ast.FunctionDef) -> int:
     """`raise ValueError` / `raise ValueError(...)` statements in the function."""
-    raised = [n.exc.func if isinstance(n.exc, ast.Call) else n.exc for n in ast.walk(function)
-              if isinstance(n, ast.Raise) and n.exc is not None]  # fmt: skip
+    raised = [
+        n.exc.func if isinstance(n.exc, ast.Call) else n.exc
+        for n in ast.walk(function)
+        if isinstance(n, ast.Raise) and n.exc is not None
+    ]
     return sum(isinstance(e, ast.Name) and e.id == "ValueError" for e in raised)
 
 
@@ -265,10 +279,18 @@ def edit_problem(problem: CodeProblem, index: int) -> EditProblem:
     kind = EDIT_KINDS[index % len(EDIT_KINDS)]
     if kind == "type_hints" and all(a.annotation is not None for a in args) and function.returns is not None:
         kind = "remove_type_hints"
-    comprehended = {n.id for c in ast.walk(function) if isinstance(c, ast.comprehension)
-                    for n in ast.walk(c.target) if isinstance(n, ast.Name)}  # fmt: skip
-    stored = sorted(((n.lineno, n.col_offset), n.id) for n in ast.walk(function)
-                    if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store))  # fmt: skip
+    comprehended = {
+        n.id
+        for c in ast.walk(function)
+        if isinstance(c, ast.comprehension)
+        for n in ast.walk(c.target)
+        if isinstance(n, ast.Name)
+    }
+    stored = sorted(
+        ((n.lineno, n.col_offset), n.id)
+        for n in ast.walk(function)
+        if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)
+    )
     local = next((name for _, name in stored if name not in params and name not in comprehended and name != "_"), None)
     if kind == "rename_local" and local is None:
         kind = "rename_params"
@@ -287,8 +309,10 @@ def edit_problem(problem: CodeProblem, index: int) -> EditProblem:
         renames = ((local, _fresh(local, "_var", taken)),)
         instruction = f"Rename the local variable `{local}` of {entry} to `{renames[0][1]}`, everywhere it is used."
     elif kind == "while_loop":
-        instruction = (f"Rewrite every `for` statement in {entry} as a `while` loop that does the same "
-                       "(comprehensions may stay as they are).")  # fmt: skip
+        instruction = (
+            f"Rewrite every `for` statement in {entry} as a `while` loop that does the same "
+            "(comprehensions may stay as they are)."
+        )
     else:
         instruction = f"At the start of {entry}, raise a ValueError if `{params[0]}` is None."
     return EditProblem(problem, index, kind, instruction, renames)

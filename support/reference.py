@@ -211,17 +211,26 @@ class ParseGenerator:
         stride = probe_stride(cfg.probe_stride, cfg.draft_budget)  # the worker's: Δ at the round's L
         bounds = draft_boundaries(self.tokenizer, draft, stride, cfg.delimiters) if cfg.judge else []
         probed = bounds if self.probe else []
-        chain_logits, probe_logits, hidden = self._verify(state, draft, probed,
-                                                          list(self.probe.suffix_ids) if probed else [])  # fmt: skip
+        chain_logits, probe_logits, hidden = self._verify(
+            state, draft, probed, list(self.probe.suffix_ids) if probed else []
+        )
         drafts, lens = torch.tensor([draft]), torch.tensor([len(draft)])
         stats = chain_statistics(chain_logits[None], drafts)
         reach = torch.zeros(1, dtype=torch.int64)
         if probed:
-            reach = probe_reach(judge_scores(probe_logits, self.probe)[None], torch.tensor([cfg.threshold]),
-                                torch.tensor([bounds]))  # fmt: skip
+            reach = probe_reach(
+                judge_scores(probe_logits, self.probe)[None], torch.tensor([cfg.threshold]), torch.tensor([bounds])
+            )
         harm = self.head.harm(hidden[None, 1:], stats.draft_probs.log(), stats.top_probs.log()) if self.head else None
-        token_ok, _ = token_passes(stats, drafts == stats.top_tokens[:, :-1], lens, torch.tensor([cfg.token_judge]),
-                                   torch.tensor([cfg.token_threshold]), torch.tensor([cfg.divergence_window]), harm)  # fmt: skip
+        token_ok, _ = token_passes(
+            stats,
+            drafts == stats.top_tokens[:, :-1],
+            lens,
+            torch.tensor([cfg.token_judge]),
+            torch.tensor([cfg.token_threshold]),
+            torch.tensor([cfg.divergence_window]),
+            harm,
+        )
         passed = judged_tokens(len(draft), torch.tensor([cfg.judge]), torch.tensor([cfg.uses_probe]), reach, token_ok)
         lengths = accept_lengths(drafts, lens, stats.top_tokens, passed)
         target_next = stats.top_tokens[0]
@@ -258,8 +267,9 @@ class ParseGenerator:
         """(chain logits [L+1, V], probe logits [K, V], the chain rows' final hidden states [L+1, H])."""
         prefix_len = len(state.tokens) - 1
         layout, allowed, rows = _window(prefix_len, state.tokens[-1], draft, bounds, suffix)
-        logits, hidden = _masked_forward(self.target, layout.input_ids, layout.positions, allowed, rows,
-                                         state.target_cache, hidden=True)  # fmt: skip
+        logits, hidden = _masked_forward(
+            self.target, layout.input_ids, layout.positions, allowed, rows, state.target_cache, hidden=True
+        )
         state.stats.target_forwards += 1
         chain = len(layout.chain_rows)
         return logits[:chain], logits[chain:], hidden[:chain]

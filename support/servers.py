@@ -1,6 +1,7 @@
 """Starting `launch_server` as a subprocess, for the HTTP-tier tests (`tests/http_server.py`)
-and the benchmarks that serve over HTTP (`benchmarks/adaptive.py`): settings as flags, a free
-port (taken again if the server finds it in use), and cleanup of the whole process tree."""
+and the benchmarks that serve over HTTP (`benchmarks/adaptive.py`, `benchmarks/compare.py`):
+settings as flags, a free port (taken again if the server finds it in use), cleanup of the whole
+process tree, and the served engine's calls (`ServedEngine`)."""
 
 from __future__ import annotations
 
@@ -81,8 +82,9 @@ def wait_bound(proc: subprocess.Popen, log_path: Path, port: int, timeout: float
     return True
 
 
-def launch(command: list[str], flags: dict, log_path: Path, env: dict | None = None, timeout: float = 180.0,
-           cwd=None) -> tuple[subprocess.Popen, str]:  # fmt: skip
+def launch(
+    command: list[str], flags: dict, log_path: Path, env: dict | None = None, timeout: float = 180.0, cwd=None
+) -> tuple[subprocess.Popen, str]:
     """`command` (e.g. [python, "-m", "sglang_cpu.launch_server"]) with `flags` (`cli_args`) on
     127.0.0.1 and a free port, output to `log_path`: (the process, its URL) once it bound the
     port; started again on a fresh port if the port was taken before the server bound it (by
@@ -90,8 +92,14 @@ def launch(command: list[str], flags: dict, log_path: Path, env: dict | None = N
     for _ in range(3):
         port = free_port()
         with open(log_path, "w") as log:
-            proc = subprocess.Popen([*command, *cli_args({**flags, "host": "127.0.0.1", "port": port})],
-                                    stdout=log, stderr=subprocess.STDOUT, env=env, cwd=cwd, start_new_session=True)  # fmt: skip
+            proc = subprocess.Popen(
+                [*command, *cli_args({**flags, "host": "127.0.0.1", "port": port})],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                cwd=cwd,
+                start_new_session=True,
+            )
         if wait_bound(proc, log_path, port, timeout):
             return proc, f"http://127.0.0.1:{port}"
         stop(proc)
@@ -119,3 +127,25 @@ def wait_healthy(
             pass  # not listening yet, or too busy starting up to answer
         time.sleep(1.0)
     raise RuntimeError(f"server not healthy after {timeout}s:\n{Path(log_path).read_text(errors='replace')[-4000:]}")
+
+
+class ServedEngine:
+    """A launched server's HTTP API as the two `sglang.Engine` calls the benchmarks make:
+    `generate` (one /generate request; an HTTP error raises) and `get_server_info`."""
+
+    def __init__(self, url: str):
+        self.url = url
+
+    def generate(self, input_ids, sampling_params):
+        import requests
+
+        reply = requests.post(
+            self.url + "/generate", json={"input_ids": input_ids, "sampling_params": sampling_params}, timeout=3600
+        )
+        reply.raise_for_status()
+        return reply.json()
+
+    def get_server_info(self) -> dict:
+        import requests
+
+        return requests.get(self.url + "/server_info", timeout=60).json()

@@ -41,8 +41,16 @@ from torch.utils._pytree import tree_leaves
 
 _T = torch.Tensor
 _READS = {_T.item, _T.tolist, _T.cpu, _T.numpy, _T.__bool__, _T.__int__, _T.__float__, _T.__index__}
-_DATA_SHAPED = {torch.nonzero, _T.nonzero, torch.masked_select, _T.masked_select, torch.unique, _T.unique,
-                torch.argwhere, _T.argwhere}  # fmt: skip
+_DATA_SHAPED = {
+    torch.nonzero,
+    _T.nonzero,
+    torch.masked_select,
+    _T.masked_select,
+    torch.unique,
+    _T.unique,
+    torch.argwhere,
+    _T.argwhere,
+}
 _FROM_DATA = {torch.tensor, torch.as_tensor, torch.asarray}
 _PACKAGE = os.path.dirname(importlib.util.find_spec("parse_sglang").origin) + os.sep  # the one this process runs
 _TORCH = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep

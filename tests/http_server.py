@@ -60,16 +60,26 @@ def clean_env(**extra: str) -> dict:
 
 @contextlib.contextmanager
 def launched_server(
-    model_path, log_dir, env: dict, timeout: float = 180.0, python: str = sys.executable,
-    module: str = "sglang_cpu.launch_server", **overrides,
-):  # fmt: skip
+    model_path,
+    log_dir,
+    env: dict,
+    timeout: float = 180.0,
+    python: str = sys.executable,
+    module: str = "sglang_cpu.launch_server",
+    **overrides,
+):
     """`python -m sglang_cpu.launch_server` (or `module`, run by `python`) on 127.0.0.1 and a free
     port with the tiny-model CPU settings of `conftest.engine_kwargs(model_path, **overrides)` as
     flags (log level info: SGLang's memory-check lines are read back), from `clean_env(**env)`;
     yields the healthy `Server`, kills what is left of it on exit."""
     log_path = log_dir / "server.log"
-    proc, url = launch([python, "-m", module], engine_kwargs(model_path, log_level="info", **overrides), log_path,
-                       env=clean_env(**env), timeout=timeout)  # fmt: skip
+    proc, url = launch(
+        [python, "-m", module],
+        engine_kwargs(model_path, log_level="info", **overrides),
+        log_path,
+        env=clean_env(**env),
+        timeout=timeout,
+    )
     server = Server(proc, url, log_path)
     try:
         wait_healthy(server, timeout=timeout)

@@ -178,20 +178,46 @@ def test_a_round_that_caught_up_is_no_sample_of_its_tier(cpu_runtime, monkeypatc
 
     monkeypatch.setattr(draft_chain, "get_schedule", lambda: SimpleNamespace(chunked_prefill_size=0))
     chain, pieces = draft_chain.DraftChain.__new__(draft_chain.DraftChain), []
-    chain._extend_pieces = lambda batch, rows, extended: pieces.append(extended)
+    chain.extends_first = False  # a graphed chain: from c_n, and a catch-up only where something is missing
+    chain._extend_pieces = lambda batch, rows, extended: pieces.append(extended) or torch.zeros(2, 5)
     reqs = [SimpleNamespace(), SimpleNamespace()]
     batch = SimpleNamespace(reqs=reqs, seq_lens_cpu=torch.tensor([10, 12]))
-    assert chain.catch_up(batch, rows=None) == 0 and not pieces  # nothing behind: no extend
+    assert chain.catch_up(batch, rows=None) == (0, None) and not pieces  # nothing behind: no extend
     for req, behind in zip(reqs, (4, 3)):  # a tier-0 round's steps: the last few tokens
         draft_chain.state_of(req).draft_behind = behind
-    assert chain.catch_up(batch, rows=None) == 4 + 3 and pieces == [[(6, 10), (9, 12)]]
+    assert chain.catch_up(batch, rows=None)[0] == 4 + 3 and pieces == [[(6, 10), (9, 12)]]
     chain.prefill(SimpleNamespace(reqs=reqs[:1], seq_lens_cpu=torch.tensor([10])), defer=True)
-    assert chain.catch_up(batch, rows=None) == 10 and pieces[-1] == [(0, 10), (11, 12)]  # a whole prompt
-    chain._run_chain = lambda batch, last, length: (torch.zeros(2, length + 2), None, False)
+    assert chain.catch_up(batch, rows=None)[0] == 10 and pieces[-1] == [(0, 10), (11, 12)]  # a whole prompt
+    chain._run_chain = lambda batch, inputs, length, first_q=None: (torch.zeros(2, length + 2), None, False)
     chain._confidence = torch.zeros(2, 10)
     draft_chain.state_of(reqs[1]).draft_behind = 1  # one tier-0 step: a catch-up all the same
     assert chain.draft(batch, torch.zeros(2), None, 8).caught_up == 1 and pieces[-1] == [(9, 10), (11, 12)]
     assert chain.draft(batch, torch.zeros(2), None, 8).caught_up == 0  # nothing behind
+
+    # an eager chain: its first step extends over c_n (at P) every round, and over a kept d_L
+    # (`draft_tail`, no catch-up: its tier's own row) and what a tier-0 round missed (a catch-up)
+    chain.extends_first, pieces[:] = True, []
+    chain.tiers = {8: draft_chain.ChainTier(steps=8)}
+    chain.samples = False
+    chain._kept_buffer = lambda name, bs, width: chain._confidence
+    greedy = SimpleNamespace(is_all_greedy=True)
+    batch = SimpleNamespace(
+        reqs=reqs,
+        seq_lens=torch.tensor([10, 12]),
+        seq_lens_cpu=torch.tensor([10, 12]),
+        seq_lens_sum=22,
+        sampling_info=greedy,
+    )
+    chain.after_round(reqs, 8, [8, 3], [False, False])  # request 0 kept d_8: its KV is the next round's
+    assert [draft_chain.state_of(r).draft_tail for r in reqs] == [True, False]
+    draft = chain.draft(batch, torch.zeros(2), None, 8)
+    assert draft.caught_up == 0 and pieces[-1] == [(9, 11), (12, 13)]  # d_8 and c_n; c_n alone
+    assert batch.seq_lens.tolist() == [11, 13]  # the chain runs from d_1 at P + 1
+    chain.after_round(reqs, 8, [8, 8], [False, True])  # request 1 verified a copy: the draft missed it all
+    chain.idle(reqs, [2, 0])  # a tier-0 round: request 0's kept d_8 is missing too
+    assert [draft_chain.state_of(r).draft_behind for r in reqs] == [3, 9]
+    batch.seq_lens_cpu = torch.tensor([20, 25])
+    assert chain.draft(batch, torch.zeros(2), None, 8).caught_up == 3 + 9 and pieces[-1] == [(17, 21), (16, 26)]
 
     for priced, median in ((False, 0.02), (True, 0.05)):
         clock = FakeClock()
@@ -216,8 +242,12 @@ def test_tier_zero_is_priced_from_tier_zero_rounds_not_from_drafting_rounds():
     L = 0 and one row keeps their fixed work (the chain's launch, the judge, the drafts' trip),
     which made a decode step at batch 32 cost 3x what it does."""
     table = CostTable()
-    for n, tier, rows, draft_s, rest_s in ((1, 0, 1, 1e-4, 0.002), (16, 0, 1, 2e-4, 0.006),
-                                           (32, 4, 5, 0.02, 0.056), (32, 8, 9, 0.036, 0.064)):  # fmt: skip
+    for n, tier, rows, draft_s, rest_s in (
+        (1, 0, 1, 1e-4, 0.002),
+        (16, 0, 1, 2e-4, 0.006),
+        (32, 4, 5, 0.02, 0.056),
+        (32, 8, 9, 0.036, 0.064),
+    ):
         for _ in range(3):  # a warm-up round, then two counted
             table.observe(n, drafting(tier), rows, draft_s, rest_s)
     # the old rule extrapolated bucket 32's cells: draft 0.02 - 4 * 0.004, rest 0.056 - (0.064 - 0.056)
@@ -341,8 +371,12 @@ def test_tiers_default_to_l_halved_while_at_least_four():
     assert ParseConfig(draft_budget=32, adaptive=False).tiers == (32,)
     assert ParseConfig(draft_budget=32).tiers == (0, 4, 8, 16, 32)  # adaptive is the default
     assert [ParseConfig(draft_budget=L).tiers for L in (2, 8, 12, 16, 64)] == [
-        (0, 2), (0, 4, 8), (0, 6, 12), (0, 4, 8, 16), (0, 4, 8, 16, 32, 64)
-    ]  # fmt: skip
+        (0, 2),
+        (0, 4, 8),
+        (0, 6, 12),
+        (0, 4, 8, 16),
+        (0, 4, 8, 16, 32, 64),
+    ]
     assert ParseConfig(draft_budget=12, adaptive=True, adaptive_tiers=[2, 0]).tiers == (0, 2, 12)
 
 
@@ -438,8 +472,13 @@ def test_benchmark_pairs_ratios_round_by_round():
             "mean_L": 0.0,
         }
 
-    rows = [row("target_only", None, [100, 80, 120]), row("target_only_sync", None, [110, 70, 130]),
-            row("fixed", 4, [50, 60, 40]), row("fixed", 8, [55, 50, 45]), row("adaptive", None, [90, 88, 130])]  # fmt: skip
+    rows = [
+        row("target_only", None, [100, 80, 120]),
+        row("target_only_sync", None, [110, 70, 130]),
+        row("fixed", 4, [50, 60, 40]),
+        row("fixed", 8, [55, 50, 45]),
+        row("adaptive", None, [90, 88, 130]),
+    ]
     bench.derive(rows)
     adaptive = rows[-1]
     assert adaptive["ratio_to_target_only_runs"] == pytest.approx([0.9, 1.1, 130 / 120])

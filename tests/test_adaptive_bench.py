@@ -33,8 +33,21 @@ def pair(name="useless", prompts=20):
 
 def bench_args(**overrides):
     modes = [m for m in bench.MODES if m not in ("eagle3", "head")]  # they build the head: test_eagle3_engine...
-    args = dict(modes=modes, steps=[4, 8], likelihood_threshold=0.05, batches=[1, 8], open_loop=True,
-                seed=0, max_new_tokens=4, eagle3_steps=3, cache_dir=None, one_by_one=0, adaptive_tiers=[], adaptive_budget=8, twin=None)  # fmt: skip
+    args = dict(
+        modes=modes,
+        steps=[4, 8],
+        likelihood_threshold=0.05,
+        batches=[1, 8],
+        open_loop=True,
+        seed=0,
+        max_new_tokens=4,
+        eagle3_steps=3,
+        cache_dir=None,
+        one_by_one=0,
+        adaptive_tiers=[],
+        adaptive_budget=8,
+        twin=None,
+    )
     return SimpleNamespace(**{**args, **overrides})
 
 
@@ -86,9 +99,13 @@ def test_eagle3_engine_serves_the_distilled_head_on_headed_pairs(monkeypatch):
     monkeypatch.setattr(eagle3_head, "build", lambda cache_dir=None, log=None: Path("/cache/head"))
     plan = bench.engines(bench_args(modes=["target_only", "eagle3"], eagle3_steps=5), pair("synthetic"))
     assert [s.rows[0].mode for s in plan] == ["target_only", "eagle3"]
-    assert plan[1].settings == {"speculative_algorithm": "EAGLE3", "speculative_draft_model_path": "/cache/head",
-                                "speculative_eagle_topk": 1, "speculative_num_steps": 5,
-                                "speculative_num_draft_tokens": 6}  # fmt: skip
+    assert plan[1].settings == {
+        "speculative_algorithm": "EAGLE3",
+        "speculative_draft_model_path": "/cache/head",
+        "speculative_eagle_topk": 1,
+        "speculative_num_steps": 5,
+        "speculative_num_draft_tokens": 6,
+    }
     plan = bench.engines(bench_args(modes=["target_only", "eagle3", "head"]), pair("smollm2"))
     assert [s.rows[0].mode for s in plan] == ["target_only"]  # no head for SmolLM2's target
     plan = bench.engines(bench_args(modes=["target_only", "head"], eagle3_steps=5), pair("synthetic"))
@@ -211,10 +228,23 @@ def test_one_by_one_sends_each_prompt_after_the_last_and_makes_a_row():
 
 
 def row(mode, L, load, tps, latency=None, lossless=True, outputs=([1], [2])):
-    return {"pair": "p", "batch": 2, "mode": mode, "L": L, "load": load, "requests": 2 if load == "closed" else 8,
-            "tokens_per_s": statistics.median(tps), "tokens_per_s_runs": tps, "output_tokens": 32,
-            "tokens_per_round": 2.0, "output_ids": list(outputs), "lossless": lossless, "mean_L": 4.0,
-            "mean_latency_s": statistics.median(latency) if latency else None, "mean_latency_s_runs": latency}  # fmt: skip
+    return {
+        "pair": "p",
+        "batch": 2,
+        "mode": mode,
+        "L": L,
+        "load": load,
+        "requests": 2 if load == "closed" else 8,
+        "tokens_per_s": statistics.median(tps),
+        "tokens_per_s_runs": tps,
+        "output_tokens": 32,
+        "tokens_per_round": 2.0,
+        "output_ids": list(outputs),
+        "lossless": lossless,
+        "mean_L": 4.0,
+        "mean_latency_s": statistics.median(latency) if latency else None,
+        "mean_latency_s_runs": latency,
+    }
 
 
 def test_derive_pairs_within_each_load_and_keeps_the_default_honest():
@@ -353,8 +383,9 @@ def test_gpu_serving_plans_parse_adaptive_at_the_largest_L(capsys):
     assert server_parse_config(served, spec.settings["speculative_num_steps"]) == spec.config
     others = [s.config for s in plan if s.config is not None and s is not spec]
     assert others and all(c.adaptive is False for c in others)  # fixed L whatever the package's defaults
-    args = gpu_serving.parse_args(["--cpu-smoke", "--no-share-engines", "--modes", "target_only", "parse_adaptive",
-                                   "--steps", "4", "16"])  # fmt: skip
+    args = gpu_serving.parse_args(
+        ["--cpu-smoke", "--no-share-engines", "--modes", "target_only", "parse_adaptive", "--steps", "4", "16"]
+    )
     (spec,) = [s for s in gpu_serving.plan_engines(args, pair("tiny")) if s.config is not None]
     assert (spec.config.draft_budget, spec.rows[0].L) == (16, 16) and args.all_L == [1, 16]
     assert "parse_adaptive" in gpu_serving.parse_args(["--pairs", "tiny"]).modes  # the default modes measure it
@@ -365,8 +396,9 @@ def test_gpu_serving_plans_the_head_modes():
     """parse_head: the adaptive engine at the largest L with the pair's head, graphs on; eagle3:
     SGLang's EAGLE3 with the same head; both in the default modes (the first GPU run prices them),
     neither in the smoke's."""
-    args = gpu_serving.parse_args(["--cpu-smoke", "--modes", "target_only", "parse_head", "eagle3", "--steps", "4", "16",
-                                   "--eagle3-steps", "2"])  # fmt: skip
+    args = gpu_serving.parse_args(
+        ["--cpu-smoke", "--modes", "target_only", "parse_head", "eagle3", "--steps", "4", "16", "--eagle3-steps", "2"]
+    )
     headed = dataclasses.replace(pair("tiny"), head="H")
     plan = gpu_serving.plan_engines(args, headed)
     (spec,) = [s for s in plan if s.config is not None]
@@ -381,21 +413,44 @@ def test_gpu_serving_plans_the_head_modes():
 
 def test_gpu_serving_derive_and_tables_take_parse_adaptive(tmp_path, capsys):
     def made_up(mode, round_ms, tps, server_L=None, per_round=1.0, output_ids=([1, 2],)):
-        return dict(pair="p", mode=mode, batch=8, round_ms=round_ms, tokens_per_s=tps, decode_tokens_per_s=tps,
-                    server_L=server_L, L=server_L, tokens_per_round=per_round, output_ids=list(output_ids),
-                    context=100, max_new_tokens=16, window_has_probes=False, graph_replayed=True)  # fmt: skip
+        return dict(
+            pair="p",
+            mode=mode,
+            batch=8,
+            round_ms=round_ms,
+            tokens_per_s=tps,
+            decode_tokens_per_s=tps,
+            server_L=server_L,
+            L=server_L,
+            tokens_per_round=per_round,
+            output_ids=list(output_ids),
+            context=100,
+            max_new_tokens=16,
+            window_has_probes=False,
+            graph_replayed=True,
+        )
 
-    rows = [made_up("target_only", 10.0, 100.0), made_up("parse_lossless", 30.0, 80.0, 4, 3.0),
-            made_up("parse_lossless", 40.0, 70.0, 8, 3.0), made_up("parse_adaptive", 14.0, 120.0, 8, 2.0),
-            made_up("parse_adaptive", 14.0, 120.0, 8, 2.0, output_ids=([9],))]  # fmt: skip
+    rows = [
+        made_up("target_only", 10.0, 100.0),
+        made_up("parse_lossless", 30.0, 80.0, 4, 3.0),
+        made_up("parse_lossless", 40.0, 70.0, 8, 3.0),
+        made_up("parse_adaptive", 14.0, 120.0, 8, 2.0),
+        made_up("parse_adaptive", 14.0, 120.0, 8, 2.0, output_ids=([9],)),
+    ]
     gpu_serving.derive(rows)
     adaptive = rows[3]
     assert adaptive["equal_to_target_only"] is True and adaptive["ratio_to_target_only"] == pytest.approx(1.2)
     assert adaptive["verify_ms"] is None and adaptive["draft_step_fit_ms"] == pytest.approx(2.5)  # fit: lossless only
     assert rows[1]["verify_ms"] == pytest.approx(30.0 - 5 * 2.5)
     assert rows[4]["equal_to_target_only"] is False and rows[4]["outputs_equal"] == 0.0
-    costs = {(8, 128, 8): {"capped": False, "target/decode": (1.0, 1.0), "draft/draft_loop": (1.0, 1.0),
-                           "target/verify_prefill": (1.0, 1.0)}}  # fmt: skip
+    costs = {
+        (8, 128, 8): {
+            "capped": False,
+            "target/decode": (1.0, 1.0),
+            "draft/draft_loop": (1.0, 1.0),
+            "target/verify_prefill": (1.0, 1.0),
+        }
+    }
     gpu_serving.add_gpu_cost(rows, costs)
     assert adaptive["predicted_ratio_gpu_cost"] is None and rows[2]["predicted_ratio_gpu_cost"] is not None
     gpu_serving.print_tables(rows, gpu_cost=True)
@@ -412,8 +467,19 @@ def test_gpu_serving_parse_adaptive_on_cpu_equals_target_only(tmp_path):
     every round replayed, its draft lengths among the tiers."""
     from test_gpu_serving_smoke import run_script
 
-    rows, _, _ = run_script("--cpu-smoke", "--json", "--modes", "target_only", "parse_adaptive", "--batches", "2",
-                            "--steps", "4", "--plot", str(tmp_path / "plot.png"))  # fmt: skip
+    rows, _, _ = run_script(
+        "--cpu-smoke",
+        "--json",
+        "--modes",
+        "target_only",
+        "parse_adaptive",
+        "--batches",
+        "2",
+        "--steps",
+        "4",
+        "--plot",
+        str(tmp_path / "plot.png"),
+    )
     (adaptive,) = [r for r in rows if r["mode"] == "parse_adaptive"]
     assert adaptive["equal_to_target_only"] is True and adaptive["outputs_equal"] == 1.0
     assert adaptive["server_L"] == adaptive["L"] == 4 and 0.0 <= adaptive["mean_L"] <= 4.0

@@ -27,26 +27,40 @@ compare = load_benchmark("compare", "compare_bench")
 def test_rows_settings():
     assert compare.row_settings("target_only", "D", 8) == {}
     assert compare.row_settings("standalone_5", "D", 8) == {
-        "speculative_algorithm": "STANDALONE", "speculative_draft_model_path": "D", "speculative_num_steps": 5,
-        "speculative_eagle_topk": 1, "speculative_num_draft_tokens": 6}  # fmt: skip
+        "speculative_algorithm": "STANDALONE",
+        "speculative_draft_model_path": "D",
+        "speculative_num_steps": 5,
+        "speculative_eagle_topk": 1,
+        "speculative_num_draft_tokens": 6,
+    }
     assert compare.row_settings("ngram", "D", 8) == {"speculative_algorithm": "NGRAM"}
     # what a user types first: no --parse-config, no --speculative-num-steps
-    assert compare.row_settings("parse_default", "D", 8) == {"speculative_algorithm": "PARSE",
-                                                             "speculative_draft_model_path": "D"}  # fmt: skip
+    assert compare.row_settings("parse_default", "D", 8) == {
+        "speculative_algorithm": "PARSE",
+        "speculative_draft_model_path": "D",
+    }
     fixed = compare.row_settings("parse_fixed_L", "D", 12)
     assert fixed["speculative_num_steps"] == 12 and fixed["parse_config"] == {"adaptive": False}
     assert compare.row_settings("parse_no_retrieval", "D", 8)["parse_config"] == {"retrieval": False}
     config = compare.resolved_config("parse_fixed_L", 12)
     assert (config.draft_budget, config.adaptive) == (12, False)
-    assert [compare.row_steps(r, 12) for r in ("standalone_3", "standalone_8", "parse_fixed_L", "ngram")] == [3, 8, 12,
-                                                                                                             None]  # fmt: skip
+    assert [compare.row_steps(r, 12) for r in ("standalone_3", "standalone_8", "parse_fixed_L", "ngram")] == [
+        3,
+        8,
+        12,
+        None,
+    ]
     assert all(compare.row_lossless(r, 8) for r in ("target_only", "standalone_3", "ngram", "parse_fixed_L"))
 
 
 def test_passes_rotate_the_rows():
     rows = ["a", "b", "c"]
-    assert [compare.rotated(rows, r) for r in range(4)] == [["a", "b", "c"], ["b", "c", "a"], ["c", "a", "b"],
-                                                            ["a", "b", "c"]]  # fmt: skip
+    assert [compare.rotated(rows, r) for r in range(4)] == [
+        ["a", "b", "c"],
+        ["b", "c", "a"],
+        ["c", "a", "b"],
+        ["a", "b", "c"],
+    ]
 
 
 @pytest.mark.parametrize(
@@ -86,9 +100,13 @@ def test_open_loop_order_is_sglangs_custom_dataset_order(tmp_path):
 
     path = tmp_path / "custom.jsonl"
     questions = [f"question {'x ' * i}" for i in range(12)]
-    path.write_text("".join(json.dumps({"conversations": [{"role": "user", "content": q},
-                                                          {"role": "assistant", "content": "-"}]}) + "\n"
-                            for q in questions))  # fmt: skip
+    path.write_text(
+        "".join(
+            json.dumps({"conversations": [{"role": "user", "content": q}, {"role": "assistant", "content": "-"}]})
+            + "\n"
+            for q in questions
+        )
+    )
     random.seed(5)  # as run_benchmark seeds before reading its dataset
     rows = sample_custom_requests(str(path), len(questions), Tokenizer(), fixed_output_len=16)
     assert [r.prompt for r in rows] == [questions[i] for i in compare.custom_order(len(questions), 5)]
@@ -99,13 +117,33 @@ def test_open_loop_order_is_sglangs_custom_dataset_order(tmp_path):
 
 
 def cell(row, repeat, first, tokens, wall, *, L=None, batch=8, ids=None, correct=None, error=None, parse=None):
-    setup = dict(suite="humaneval", first=first, num_problems=2, max_new_tokens=64, dtype="bfloat16", target="T",
-                 draft="D")  # fmt: skip
-    return dict(setup, row=row, L=L, load="batch", batch=batch, rate=None, repeat=repeat, position=0, pass_order=[],
-                wall_s=wall, output_tokens=tokens, tokens_per_s=tokens / wall, target_forwards=tokens // 2,
-                tokens_per_target_forward=2.0, verify_passes=0, parse=parse, mean_L=None,
-                output_ids=ids or [[1], [2]], correct=correct or [True, False], lossless=True, replay=None,
-                error=error)  # fmt: skip
+    setup = dict(
+        suite="humaneval", first=first, num_problems=2, max_new_tokens=64, dtype="bfloat16", target="T", draft="D"
+    )
+    return dict(
+        setup,
+        row=row,
+        L=L,
+        load="batch",
+        batch=batch,
+        rate=None,
+        repeat=repeat,
+        position=0,
+        pass_order=[],
+        wall_s=wall,
+        output_tokens=tokens,
+        tokens_per_s=tokens / wall,
+        target_forwards=tokens // 2,
+        tokens_per_target_forward=2.0,
+        verify_passes=0,
+        parse=parse,
+        mean_L=None,
+        output_ids=ids or [[1], [2]],
+        correct=correct or [True, False],
+        lossless=True,
+        replay=None,
+        error=error,
+    )
 
 
 def test_merge_sums_problem_shards_and_pairs_by_pass(tmp_path):
@@ -113,16 +151,28 @@ def test_merge_sums_problem_shards_and_pairs_by_pass(tmp_path):
     ratios are paired by pass; PARSE rows are also paired with the best SGLang row of each pass."""
     parse = {"rounds": 10, "draft_length": 80}
     shards = [
-        [cell("target_only", 0, 40, 100, 10.0), cell("standalone_8", 0, 40, 100, 5.0), cell("ngram", 0, 40, 100, 8.0),
-         cell("parse_fixed_L", 0, 40, 100, 4.0, L=8, ids=[[1], [3]], parse=parse),
-         cell("target_only", 1, 40, 100, 20.0), cell("standalone_8", 1, 40, 100, 10.0),
-         cell("ngram", 1, 40, 100, 5.0), cell("parse_fixed_L", 1, 40, 100, 4.0, L=8, parse=parse)],
-        [cell("target_only", 0, 42, 100, 10.0), cell("standalone_8", 0, 42, 100, 5.0), cell("ngram", 0, 42, 100, 8.0),
-         cell("parse_fixed_L", 0, 42, 100, 6.0, L=8, parse=parse),
-         cell("target_only", 1, 42, 100, 20.0), cell("standalone_8", 1, 42, 100, 10.0),
-         cell("ngram", 1, 42, 100, 5.0), cell("parse_fixed_L", 1, 42, 100, 16.0, L=8, parse=parse),
-         cell("standalone_3", 0, 42, 0, 1.0, error="RuntimeError: no")],
-    ]  # fmt: skip
+        [
+            cell("target_only", 0, 40, 100, 10.0),
+            cell("standalone_8", 0, 40, 100, 5.0),
+            cell("ngram", 0, 40, 100, 8.0),
+            cell("parse_fixed_L", 0, 40, 100, 4.0, L=8, ids=[[1], [3]], parse=parse),
+            cell("target_only", 1, 40, 100, 20.0),
+            cell("standalone_8", 1, 40, 100, 10.0),
+            cell("ngram", 1, 40, 100, 5.0),
+            cell("parse_fixed_L", 1, 40, 100, 4.0, L=8, parse=parse),
+        ],
+        [
+            cell("target_only", 0, 42, 100, 10.0),
+            cell("standalone_8", 0, 42, 100, 5.0),
+            cell("ngram", 0, 42, 100, 8.0),
+            cell("parse_fixed_L", 0, 42, 100, 6.0, L=8, parse=parse),
+            cell("target_only", 1, 42, 100, 20.0),
+            cell("standalone_8", 1, 42, 100, 10.0),
+            cell("ngram", 1, 42, 100, 5.0),
+            cell("parse_fixed_L", 1, 42, 100, 16.0, L=8, parse=parse),
+            cell("standalone_3", 0, 42, 0, 1.0, error="RuntimeError: no"),
+        ],
+    ]
     paths = []
     for i, cells in enumerate(shards):
         paths.append(tmp_path / f"shard{i}.jsonl")
@@ -188,8 +238,13 @@ def test_edit_kinds_cycle_by_index_and_fall_back():
     assert [edit_problem(COUNT, i).kind for i in (5, 7)] == ["type_hints", "rename_local"]
     # annotated already: hints are removed; no local (the comprehension's `_` is none): parameters
     # renamed; no `for` statement: an input check
-    assert [edit_problem(TYPED, i).kind for i in range(5)] == ["remove_type_hints", "rename_params", "rename_params",
-                                                               "input_check", "input_check"]  # fmt: skip
+    assert [edit_problem(TYPED, i).kind for i in range(5)] == [
+        "remove_type_hints",
+        "rename_params",
+        "rename_params",
+        "input_check",
+        "input_check",
+    ]
     local = edit_problem(COUNT, 2)
     assert local.renames == (("total", "total_var"),) and "`total` of `count` to `total_var`" in local.instruction
     assert edit_problem(COUNT, 1).renames == (("items", "items_arg"), ("x", "x_arg"))
@@ -210,8 +265,9 @@ def test_edits_are_graded_by_the_edit_and_the_tests():
     assert params.passes(answer(renamed))
     assert local.passes(answer(original.replace("total", "total_var")))
     assert not local.passes(answer(original.replace("total", "total_var").replace("return total_var", "return 0")))
-    loop_code = original.replace("    for item in items:\n", "    i = 0\n    while i < len(items):\n        item = items[i]\n"
-                                 "        i += 1\n")  # fmt: skip
+    loop_code = original.replace(
+        "    for item in items:\n", "    i = 0\n    while i < len(items):\n        item = items[i]\n        i += 1\n"
+    )
     assert loop.passes(answer(loop_code))
     guarded = original.replace(
         "    total = 0\n", "    if items is None:\n        raise ValueError('items')\n    total = 0\n"
@@ -278,9 +334,27 @@ def test_bench_on_the_tiny_pair(tiny_pair, cpu_runtime, tmp_path):
     prompts = tmp_path / "prompts.json"
     prompts.write_text(json.dumps(PROMPTS[1:5]))
     out = tmp_path / "cells.jsonl"
-    argv = ["--target", str(tiny_pair[0]), "--draft", str(tiny_pair[1]), "--prompts", str(prompts), "--rows",
-            *SMOKE_ROWS, "--batch", "1", "2", "--repeats", "2", "--max-new-tokens", "16", "--dtype", "float32",
-            "--out", str(out)]  # fmt: skip
+    argv = [
+        "--target",
+        str(tiny_pair[0]),
+        "--draft",
+        str(tiny_pair[1]),
+        "--prompts",
+        str(prompts),
+        "--rows",
+        *SMOKE_ROWS,
+        "--batch",
+        "1",
+        "2",
+        "--repeats",
+        "2",
+        "--max-new-tokens",
+        "16",
+        "--dtype",
+        "float32",
+        "--out",
+        str(out),
+    ]
     args = compare.parse_args(argv)
     work = compare.load_workload(args)
     measured = compare.run(args, work, progress=lambda line: None)

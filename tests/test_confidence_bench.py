@@ -25,8 +25,13 @@ def test_auc_separates_ranks_ties_and_needs_both_classes():
 def test_reached_positions_stop_after_the_first_rejection():
     rounds = [{"confidence": [0.9, 0.8, 0.3, 0.2], "accepted": 2}, {"confidence": [0.4, 0.7], "accepted": 2}]
     assert bench.reached(rounds) == ([0.9, 0.8, 0.3, 0.4, 0.7], [True, True, False, True, True])
-    assert bench.calibration(*bench.reached(rounds)) == [[0.3, 1, 0.0], [0.4, 1, 1.0], [0.7, 1, 1.0],
-                                                         [0.8, 1, 1.0], [0.9, 1, 1.0]]  # fmt: skip
+    assert bench.calibration(*bench.reached(rounds)) == [
+        [0.3, 1, 0.0],
+        [0.4, 1, 1.0],
+        [0.7, 1, 1.0],
+        [0.8, 1, 1.0],
+        [0.9, 1, 1.0],
+    ]
 
 
 def test_a_draft_whose_confidence_is_its_keep_rate_is_predicted_by_it_and_not_by_counts():

@@ -141,9 +141,16 @@ def test_the_launcher_adds_the_cpu_settings_a_user_left_out():
 
     base = ["--model-path", "m"]
     assert cpu_defaults(base, fast_bf16=True) == [
-        *base, "--device", "cpu", "--attention-backend", "torch_native", "--disable-cuda-graph", "--dtype", "bfloat16",
+        *base,
+        "--device",
+        "cpu",
+        "--attention-backend",
+        "torch_native",
+        "--disable-cuda-graph",
+        "--dtype",
+        "bfloat16",
         "--sleep-on-idle",
-    ]  # fmt: skip
+    ]
     assert cpu_defaults(base, fast_bf16=False)[-3:] == ["--dtype", "float32", "--sleep-on-idle"]
     # a user's own flag wins, in either spelling
     own = [*base, "--dtype=float16", "--attention-backend", "intel_amx", "--sleep-on-idle"]

@@ -82,9 +82,13 @@ class Example:
     def start(cls, args: list[str], log_path: Path) -> "Example":
         with open(log_path, "w") as log:
             proc = subprocess.Popen(
-                [sys.executable, *args], cwd=REPO, env=clean_env(PYTHONUNBUFFERED="1"),
-                stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-            )  # fmt: skip
+                [sys.executable, *args],
+                cwd=REPO,
+                env=clean_env(PYTHONUNBUFFERED="1"),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         return cls(proc, log_path)
 
     def output(self) -> str:
@@ -133,10 +137,23 @@ def offline_example(tiny_pair, tmp_path_factory):
     spend most of their time importing SGLang, so together they finish sooner."""
     target, draft = tiny_pair
     args = [
-        str(EXAMPLES / "offline_batch.py"), "--target", str(target), "--draft", str(draft),
-        "--num-steps", "4", "--probe-stride", "2", "--threshold", "0", "--max-new-tokens", str(OFFLINE_NEW_TOKENS),
-        "--chat", "--prompts", *OFFLINE_PROMPTS,
-    ]  # fmt: skip
+        str(EXAMPLES / "offline_batch.py"),
+        "--target",
+        str(target),
+        "--draft",
+        str(draft),
+        "--num-steps",
+        "4",
+        "--probe-stride",
+        "2",
+        "--threshold",
+        "0",
+        "--max-new-tokens",
+        str(OFFLINE_NEW_TOKENS),
+        "--chat",
+        "--prompts",
+        *OFFLINE_PROMPTS,
+    ]
     example = Example.start(args, tmp_path_factory.mktemp("offline_example") / "out.log")
     yield example
     example.stop(grace=30)
@@ -148,21 +165,37 @@ def server_url(tiny_pair, tmp_path_factory, offline_example):
     the launcher adds them."""
     target, draft = tiny_pair
     command = [
-        sys.executable, "-m", "sglang_cpu.launch_server", "--model-path", str(target),
-        "--speculative-algorithm", "PARSE", "--speculative-draft-model-path", str(draft),
-        "--speculative-num-steps", str(NUM_STEPS), "--max-total-tokens", "8192",
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "sglang_cpu.launch_server",
+        "--model-path",
+        str(target),
+        "--speculative-algorithm",
+        "PARSE",
+        "--speculative-draft-model-path",
+        str(draft),
+        "--speculative-num-steps",
+        str(NUM_STEPS),
+        "--max-total-tokens",
+        "8192",
+    ]
     log_path = tmp_path_factory.mktemp("example_server") / "server.log"
     # on a free port, started again if the port is taken first (the example starts beside it)
-    proc, url = launch(command, {}, log_path, env=clean_env(PYTHONUNBUFFERED="1"), timeout=SERVER_START_TIMEOUT,
-                       cwd=REPO)  # fmt: skip
+    proc, url = launch(
+        command, {}, log_path, env=clean_env(PYTHONUNBUFFERED="1"), timeout=SERVER_START_TIMEOUT, cwd=REPO
+    )
     server = Example(proc, log_path)
     try:
         wait_healthy(Server(server.proc, url, server.log_path), timeout=SERVER_START_TIMEOUT)
         # the launcher set what the CPU needs (the command names none of it)
         added = re.search(r"sglang_cpu.launch_server adds the CPU's settings: (.*)", log_path.read_text())
-        assert added and added.group(1).split()[:5] == ["--device", "cpu", "--attention-backend", "torch_native",
-                                                        "--disable-cuda-graph"], added  # fmt: skip
+        assert added and added.group(1).split()[:5] == [
+            "--device",
+            "cpu",
+            "--attention-backend",
+            "torch_native",
+            "--disable-cuda-graph",
+        ], added
         yield url
     finally:
         server.stop(grace=60)

@@ -189,10 +189,15 @@ class FuzzCases:
     def judged(self) -> Case:
         """A valid request with its own judge settings (a judged server's)."""
         parse = self.rng.choice(
-            [{}, {"threshold": self.rng.random()}, {"judge_mode": "likelihood", "likelihood_threshold": self.rng.random()},
-             {"judge_mode": "both", "threshold": 0.2}, {"draft_budget": self.rng.randint(1, 4), "probe_stride": 3},
-             {"return_probe_scores": True, "after_rejection": "target_to_delimiter"}]
-        )  # fmt: skip
+            [
+                {},
+                {"threshold": self.rng.random()},
+                {"judge_mode": "likelihood", "likelihood_threshold": self.rng.random()},
+                {"judge_mode": "both", "threshold": 0.2},
+                {"draft_budget": self.rng.randint(1, 4), "probe_stride": 3},
+                {"return_probe_scores": True, "after_rejection": "target_to_delimiter"},
+            ]
+        )
         max_new = self.rng.randint(2, 12)  # the first token is the prefill's: at least one round
         body = {"text": self.prompt(), "sampling_params": greedy(max_new, custom_params={"parse": parse})}
         return Case("valid judged", "/generate", body, judged=max_new)
@@ -210,50 +215,110 @@ class FuzzCases:
     def malformed_json(self) -> Case:
         good = json.dumps({"text": self.prompt(), "sampling_params": greedy(4)})
         body = self.rng.choice(
-            [good[: self.rng.randint(1, len(good) - 1)], "{not json", "", "null", "[]", '"text"', "{'text': 'a'}",
-             good.replace(":", "=", 1), good + "}", "\x00\xff garbage"]
-        )  # fmt: skip
+            [
+                good[: self.rng.randint(1, len(good) - 1)],
+                "{not json",
+                "",
+                "null",
+                "[]",
+                '"text"',
+                "{'text': 'a'}",
+                good.replace(":", "=", 1),
+                good + "}",
+                "\x00\xff garbage",
+            ]
+        )
         return Case("malformed JSON", self.rng.choice(["/generate", "/v1/completions"]), body)
 
     def wrong_type(self) -> Case:
         field, value = self.rng.choice(
-            [("max_new_tokens", "8"), ("temperature", "hot"), ("top_p", [0.5]), ("top_k", 2.5), ("n", "2"),
-             ("stop_token_ids", "5"), ("stop_token_ids", ["a"]), ("logit_bias", [1]), ("ignore_eos", "yes"),
-             ("stop", 5), ("min_new_tokens", 1.5), ("regex", 7), ("custom_params", 5), ("custom_params", "x"),
-             ("custom_params", [1])]
-        )  # fmt: skip
+            [
+                ("max_new_tokens", "8"),
+                ("temperature", "hot"),
+                ("top_p", [0.5]),
+                ("top_k", 2.5),
+                ("n", "2"),
+                ("stop_token_ids", "5"),
+                ("stop_token_ids", ["a"]),
+                ("logit_bias", [1]),
+                ("ignore_eos", "yes"),
+                ("stop", 5),
+                ("min_new_tokens", 1.5),
+                ("regex", 7),
+                ("custom_params", 5),
+                ("custom_params", "x"),
+                ("custom_params", [1]),
+            ]
+        )
         if self.rng.random() < 0.2:  # the request itself
             body = self.rng.choice(
-                [{"text": 5}, {"input_ids": "abc"}, {"input_ids": [1.5, 2]}, {"text": "a", "sampling_params": 5},
-                 {"text": "a", "rid": 5}, {"text": "a", "return_logprob": "yes"}]
-            )  # fmt: skip
+                [
+                    {"text": 5},
+                    {"input_ids": "abc"},
+                    {"input_ids": [1.5, 2]},
+                    {"text": "a", "sampling_params": 5},
+                    {"text": "a", "rid": 5},
+                    {"text": "a", "return_logprob": "yes"},
+                ]
+            )
             return Case("wrong type", "/generate", body)
         return self.generate("wrong type", {field: value})
 
     def out_of_range(self) -> Case:
         sampling, top = self.rng.choice(
-            [({"temperature": -1.0}, {}), ({"top_p": 0.0}, {}), ({"top_p": 1.5}, {}),
-             ({"top_k": 0, "temperature": 1.0}, {}), ({"top_k": 2**40, "temperature": 1.0}, {}),
-             ({"min_p": 2.0}, {}), ({"frequency_penalty": 5.0}, {}),
-             ({"presence_penalty": -3.0}, {}), ({"repetition_penalty": 0.0}, {}), ({"max_new_tokens": -1}, {}),
-             ({"min_new_tokens": -1}, {}), ({"min_new_tokens": 50}, {}), ({"n": 0}, {}), ({"n": -3}, {}),
-             ({"n": 10**6}, {}), ({"sampling_seed": -(2**63) - 1}, {}), ({"stop_regex": "(unclosed"}, {}),
-             ({}, {"return_logprob": True, "logprob_start_len": -5}),
-             ({}, {"return_logprob": True, "top_logprobs_num": 10**6}),
-             ({}, {"return_logprob": True, "top_logprobs_num": VOCAB + 1}),
-             ({}, {"return_logprob": True, "token_ids_logprob": [VOCAB]})]
-        )  # fmt: skip
+            [
+                ({"temperature": -1.0}, {}),
+                ({"top_p": 0.0}, {}),
+                ({"top_p": 1.5}, {}),
+                ({"top_k": 0, "temperature": 1.0}, {}),
+                ({"top_k": 2**40, "temperature": 1.0}, {}),
+                ({"min_p": 2.0}, {}),
+                ({"frequency_penalty": 5.0}, {}),
+                ({"presence_penalty": -3.0}, {}),
+                ({"repetition_penalty": 0.0}, {}),
+                ({"max_new_tokens": -1}, {}),
+                ({"min_new_tokens": -1}, {}),
+                ({"min_new_tokens": 50}, {}),
+                ({"n": 0}, {}),
+                ({"n": -3}, {}),
+                ({"n": 10**6}, {}),
+                ({"sampling_seed": -(2**63) - 1}, {}),
+                ({"stop_regex": "(unclosed"}, {}),
+                ({}, {"return_logprob": True, "logprob_start_len": -5}),
+                ({}, {"return_logprob": True, "top_logprobs_num": 10**6}),
+                ({}, {"return_logprob": True, "top_logprobs_num": VOCAB + 1}),
+                ({}, {"return_logprob": True, "token_ids_logprob": [VOCAB]}),
+            ]
+        )
         return self.generate("out-of-range value", sampling, **top)
 
     def bad_parse_settings(self) -> Case:
         parse = self.rng.choice(
-            [{"threshold": "x"}, {"threshold": 2}, {"threshold": None}, {"draft_budget": 0}, {"draft_budget": 2.5},
-             {"draft_budget": "2"}, {"draft_budget": 99}, {"draft_budget": [1]}, {"judge": "yes"},
-             {"probe_stride": None}, {"probe_stride": -1}, {"after_rejection": 5}, {"return_probe_scores": 1},
-             {"delimiters": ["\n"]}, {"nope": 1}, "not json", "[1, 2]", 5, [1], True,
-             # beyond what the server reserved: denser probes than its own, or a judge it turned off
-             {"probe_stride": 1} if self.judged_server else {"judge": True}]
-        )  # fmt: skip
+            [
+                {"threshold": "x"},
+                {"threshold": 2},
+                {"threshold": None},
+                {"draft_budget": 0},
+                {"draft_budget": 2.5},
+                {"draft_budget": "2"},
+                {"draft_budget": 99},
+                {"draft_budget": [1]},
+                {"judge": "yes"},
+                {"probe_stride": None},
+                {"probe_stride": -1},
+                {"after_rejection": 5},
+                {"return_probe_scores": 1},
+                {"delimiters": ["\n"]},
+                {"nope": 1},
+                "not json",
+                "[1, 2]",
+                5,
+                [1],
+                True,
+                # beyond what the server reserved: denser probes than its own, or a judge it turned off
+                {"probe_stride": 1} if self.judged_server else {"judge": True},
+            ]
+        )
         return self.generate('bad custom_params["parse"]', {"custom_params": {"parse": parse}})
 
     def oov_ids(self) -> Case:
@@ -272,17 +337,25 @@ class FuzzCases:
         if choice == 3:
             return self.generate("out-of-vocabulary id", {"logit_bias": {str(bad): 1.0}})
         if choice == 4:
-            body = {"model": "default", "messages": [{"role": "user", "content": self.prompt()}], "max_tokens": 4,
-                    "logit_bias": {str(bad): 1.0}}  # fmt: skip
+            body = {
+                "model": "default",
+                "messages": [{"role": "user", "content": self.prompt()}],
+                "max_tokens": 4,
+                "logit_bias": {str(bad): 1.0},
+            }
             return Case("out-of-vocabulary id", "/v1/chat/completions", body)
         body = {"input_ids": ids, "sampling_params": greedy(4), **({"stream": True} if choice == 5 else {})}
         return Case("out-of-vocabulary id", "/generate", body)
 
     def empty_prompt(self) -> Case:
         body = self.rng.choice(
-            [{"text": "", "sampling_params": greedy(4)}, {"input_ids": [], "sampling_params": greedy(4)},
-             {"input_ids": [self.ids(), []], "sampling_params": greedy(4)}, {"text": "", "stream": True}]
-        )  # fmt: skip
+            [
+                {"text": "", "sampling_params": greedy(4)},
+                {"input_ids": [], "sampling_params": greedy(4)},
+                {"input_ids": [self.ids(), []], "sampling_params": greedy(4)},
+                {"text": "", "stream": True},
+            ]
+        )
         return Case("empty prompt", "/generate", body)
 
     def over_long_prompt(self) -> Case:
@@ -297,10 +370,17 @@ class FuzzCases:
 
     def build(self, count: int) -> list[Case]:
         makers = [
-            (self.valid, 0.30), (self.closed_stream, 0.06), (self.malformed_json, 0.08), (self.wrong_type, 0.12),
-            (self.out_of_range, 0.14), (self.bad_parse_settings, 0.10), (self.oov_ids, 0.12),
-            (self.empty_prompt, 0.03), (self.over_long_prompt, 0.03), (self.huge_max_new_tokens, 0.02),
-        ]  # fmt: skip
+            (self.valid, 0.30),
+            (self.closed_stream, 0.06),
+            (self.malformed_json, 0.08),
+            (self.wrong_type, 0.12),
+            (self.out_of_range, 0.14),
+            (self.bad_parse_settings, 0.10),
+            (self.oov_ids, 0.12),
+            (self.empty_prompt, 0.03),
+            (self.over_long_prompt, 0.03),
+            (self.huge_max_new_tokens, 0.02),
+        ]
         if self.judged_server:
             makers.append((self.judged, 0.15))
         makers_only, weights = zip(*makers)
@@ -373,24 +453,45 @@ def test_out_of_vocabulary_ids_refused_by_name_while_good_requests_finish(server
     tokenizer, model = hf_target
     chat = {"model": "default", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
     bad = [
-        ("/generate", {"input_ids": [5, 6, VOCAB], "sampling_params": greedy(4)},
-         f"input_ids[2]={VOCAB} is out of range: {IN_VOCAB}"),
+        (
+            "/generate",
+            {"input_ids": [5, 6, VOCAB], "sampling_params": greedy(4)},
+            f"input_ids[2]={VOCAB} is out of range: {IN_VOCAB}",
+        ),
         ("/generate", {"input_ids": [[5, 6], [7, -1, 8]]}, f"input_ids[1]=-1 is out of range: {IN_VOCAB}"),
         ("/generate", {"input_ids": [9, 50_000], "stream": True}, f"input_ids[1]=50000 is out of range: {IN_VOCAB}"),
-        ("/generate", {"text": "one", "sampling_params": greedy(4, stop_token_ids=[3, 999])},
-         f"stop_token_ids: 999 is out of range: allowed are token ids in [0, {VOCAB})"),
-        ("/generate", {"text": "one", "sampling_params": greedy(4, logit_bias={str(VOCAB): 2.0})},
-         f"logit_bias key '{VOCAB}' is out of range: allowed are token ids in [0, {VOCAB})"),
-        ("/generate", {"text": "one", "sampling_params": greedy(4, logit_bias={"abc": 2.0})},
-         f"logit_bias key 'abc' is not a token id: allowed are token ids in [0, {VOCAB})"),
-        ("/v1/completions", {"model": "default", "prompt": [5, 6, 1000], "max_tokens": 4},
-         f"input_ids[2]=1000 is out of range: {IN_VOCAB}"),
-        ("/v1/completions", {"model": "default", "prompt": "one", "max_tokens": 4, "stop_token_ids": [VOCAB + 5]},
-         f"stop_token_ids: {VOCAB + 5} is out of range"),
+        (
+            "/generate",
+            {"text": "one", "sampling_params": greedy(4, stop_token_ids=[3, 999])},
+            f"stop_token_ids: 999 is out of range: allowed are token ids in [0, {VOCAB})",
+        ),
+        (
+            "/generate",
+            {"text": "one", "sampling_params": greedy(4, logit_bias={str(VOCAB): 2.0})},
+            f"logit_bias key '{VOCAB}' is out of range: allowed are token ids in [0, {VOCAB})",
+        ),
+        (
+            "/generate",
+            {"text": "one", "sampling_params": greedy(4, logit_bias={"abc": 2.0})},
+            f"logit_bias key 'abc' is not a token id: allowed are token ids in [0, {VOCAB})",
+        ),
+        (
+            "/v1/completions",
+            {"model": "default", "prompt": [5, 6, 1000], "max_tokens": 4},
+            f"input_ids[2]=1000 is out of range: {IN_VOCAB}",
+        ),
+        (
+            "/v1/completions",
+            {"model": "default", "prompt": "one", "max_tokens": 4, "stop_token_ids": [VOCAB + 5]},
+            f"stop_token_ids: {VOCAB + 5} is out of range",
+        ),
         ("/v1/chat/completions", {**chat, "logit_bias": {"-3": 1.0}}, "logit_bias key '-3' is out of range"),
-        ("/v1/chat/completions", {**chat, "logprobs": True, "top_logprobs": 10**6},
-         f"top_logprobs_num=1000000 is out of range: allowed is an integer in [0, {VOCAB}]"),
-    ]  # fmt: skip
+        (
+            "/v1/chat/completions",
+            {**chat, "logprobs": True, "top_logprobs": 10**6},
+            f"top_logprobs_num=1000000 is out of range: allowed is an integer in [0, {VOCAB}]",
+        ),
+    ]
     good = ["one two", "def f(x):", "Yes no"]
     with ThreadPoolExecutor(max_workers=len(bad) + len(good)) as pool:
         good_cases = [Case("good", "/generate", {"text": p, "sampling_params": exact(24, server.judged)}) for p in good]

@@ -223,8 +223,14 @@ def test_sampled_distribution_under_graphs(tmp_path_factory):
 
     from support.tiny_models import build_pair
 
-    target, draft = build_pair(tmp_path_factory.mktemp("sharp_gpu_pair"), noise=0.5, logit_scale=6.0,
-                               hidden_size=256, num_heads=4, num_kv_heads=2)  # fmt: skip
+    target, draft = build_pair(
+        tmp_path_factory.mktemp("sharp_gpu_pair"),
+        noise=0.5,
+        logit_scale=6.0,
+        hidden_size=256,
+        num_heads=4,
+        num_kv_heads=2,
+    )
     out = {}
     runs = [
         ("target_only", {}),

@@ -327,10 +327,25 @@ def test_head_modes_serve_a_weightless_head(tmp_path):
     with it stays lossless, runs head rounds and replays graphs (the CPU stand-in) in every round,
     SGLang's EAGLE3 serves the same head."""
     rows, _, _ = run_script(
-        "--cpu-smoke", "--json", "--pairs", "tiny-dummy", "--modes", "target_only", "parse_head", "eagle3",
-        "--batches", "2", "--steps", "4", "--max-new-tokens", "48", "--cache-dir", str(tmp_path),
-        "--plot", str(tmp_path / "plot.png"),
-    )  # fmt: skip
+        "--cpu-smoke",
+        "--json",
+        "--pairs",
+        "tiny-dummy",
+        "--modes",
+        "target_only",
+        "parse_head",
+        "eagle3",
+        "--batches",
+        "2",
+        "--steps",
+        "4",
+        "--max-new-tokens",
+        "48",
+        "--cache-dir",
+        str(tmp_path),
+        "--plot",
+        str(tmp_path / "plot.png"),
+    )
     assert {r["mode"] for r in rows} == {"target_only", "parse_head", "eagle3"}
     (head,) = [r for r in rows if r["mode"] == "parse_head"]
     assert head["equal_to_target_only"] is True and head["graph_replayed"] is True and head["head_rounds"] > 0, head

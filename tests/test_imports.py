@@ -52,8 +52,9 @@ def test_worker_imports_nothing_of_support_the_cpu_runtime_or_the_tools():
     extra = [str(PACKAGES["sglang_cpu"] / "standin_torchvision")] if torchvision_missing else []
     code = CHECK.format(foreign=FOREIGN, sites=site.getsitepackages(), extra=extra)
     env = {k: v for k, v in os.environ.items() if k not in ("SGLANG_USE_CPU_ENGINE", "PYTHONPATH")}
-    done = subprocess.run([sys.executable, "-S", "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=600)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-S", "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert f"worker imported: {ROOT / 'parse_sglang' / 'worker.py'}" in done.stdout
 
@@ -138,8 +139,12 @@ def _guarded(path: Path) -> set[tuple[int, int]]:
             "ImportError",
             "ModuleNotFoundError",
         }:
-            out |= {(n.lineno, n.col_offset) for stmt in node.body for n in ast.walk(stmt)
-                    if isinstance(n, (ast.Import, ast.ImportFrom))}  # fmt: skip
+            out |= {
+                (n.lineno, n.col_offset)
+                for stmt in node.body
+                for n in ast.walk(stmt)
+                if isinstance(n, (ast.Import, ast.ImportFrom))
+            }
     return out
 
 

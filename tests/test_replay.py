@@ -88,9 +88,10 @@ def test_the_oracle_is_the_hand_computed_best_and_its_costs_move_it():
 @pytest.mark.parametrize("path", TRACES, ids=[p.stem for p in TRACES])
 def test_no_policy_beats_the_oracle_at_batch_1(path):
     """Each request served alone: adaptive and every fixed L take at least the oracle's seconds
-    (test_the_oracle_is_the_hand_computed_best...: the oracle's own values)."""
+    (test_the_oracle_is_the_hand_computed_best...: the oracle's own values). Retrieval off: the
+    oracle knows the draft model's rounds only."""
     trace, m = _trace(path), machine()
-    config = ParseConfig.from_dict({"adaptive": True})
+    config = ParseConfig.from_dict({"adaptive": True, "retrieval": False})
     for req in trace.requests:
         one = Trace(trace.pair, trace.max_new_tokens, [req])
         best = oracle_seconds(req, m, config, range(1, 33), trace.max_new_tokens)
@@ -179,12 +180,25 @@ def test_the_recorder_reads_the_synthetic_pair_in_sglang(tmp_path):
     """benchmarks/trace.py, 2 problems: the target reads its own greedy outputs back as its top-1 at
     every position (fp32: exactly), so the recorder's positions line up; the draft matches some."""
     out = tmp_path / "trace.json"
-    argv = [sys.executable, str(ROOT / "benchmarks" / "trace.py"), "--pair", "synthetic", "--count", "2",
-            "--max-new-tokens", "24", "--batch", "2", "--out", str(out)]  # fmt: skip
+    argv = [
+        sys.executable,
+        str(ROOT / "benchmarks" / "trace.py"),
+        "--pair",
+        "synthetic",
+        "--count",
+        "2",
+        "--max-new-tokens",
+        "24",
+        "--batch",
+        "2",
+        "--out",
+        str(out),
+    ]
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=900, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
     raw = json.loads(out.read_text())
     assert raw["self_match"] == 1.0 and raw["pair"] == "synthetic" and len(raw["requests"]) == 2
     trace = Trace.load(out)
     assert all(0 < len(r.match) <= 24 and r.prompt_len > 0 for r in trace.requests)
+    assert trace.has_ids and [list(r.output_ids) for r in trace.requests] != [[]] * 2  # what prices copies
     assert 0 < sum(r.match.count("1") for r in trace.requests) < sum(len(r.match) for r in trace.requests)

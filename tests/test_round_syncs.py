@@ -44,7 +44,9 @@ def test_counter_counts_what_would_sync_on_a_gpu():
         total = int(steps.sum())  # 4
     assert counter.counts("sglang") == {"device_to_host": 4, "host_to_device": 2}, counter.events
     assert [e.what for e in counter.events if e.direction == "host_to_device"] == [
-        "_VariableFunctionsClass.tensor", "TensorBase.add (a host tensor mixed into device ones)"]  # fmt: skip
+        "_VariableFunctionsClass.tensor",
+        "TensorBase.add (a host tensor mixed into device ones)",
+    ]
     assert mixed.shape == (3, 2) and kept.numel() == 7 and total > 0
 
 
@@ -56,8 +58,11 @@ def assert_three_crossings(records) -> None:
     assert len(counted) >= 5 and max(r["batch_size"] for r in counted) > 4
     for r in counted:
         crossings = sorted((direction, step) for direction, step, *_ in r["parse"])
-        assert crossings == [("device_to_host", "_plan_window"), ("device_to_host", "_record"),
-                             ("host_to_device", "_plan_window")], r["parse"]  # fmt: skip
+        assert crossings == [
+            ("device_to_host", "_plan_window"),
+            ("device_to_host", "_record"),
+            ("host_to_device", "_plan_window"),
+        ], r["parse"]
 
 
 def serve_probed(engine_factory, tiny_pair, config: ParseConfig, params, out):
@@ -79,10 +84,16 @@ def serve_probed(engine_factory, tiny_pair, config: ParseConfig, params, out):
 def probe_records(tiny_pair, engine_factory, tmp_path_factory):
     """Per-round records of a judged PARSE engine serving a mixed batch: the probe judge,
     the likelihood judge, judge off, probe scores returned."""
-    settings = [{}, {"judge_mode": "likelihood", "likelihood_threshold": 0.02}, {"judge": False},
-                {"return_probe_scores": True, "threshold": 0.1}]  # fmt: skip
-    params = [{"max_new_tokens": MAX_NEW, "temperature": 0.0, "custom_params": {"parse": settings[i % 4]}}
-              for i in range(len(BATCH_PROMPTS))]  # fmt: skip
+    settings = [
+        {},
+        {"judge_mode": "likelihood", "likelihood_threshold": 0.02},
+        {"judge": False},
+        {"return_probe_scores": True, "threshold": 0.1},
+    ]
+    params = [
+        {"max_new_tokens": MAX_NEW, "temperature": 0.0, "custom_params": {"parse": settings[i % 4]}}
+        for i in range(len(BATCH_PROMPTS))
+    ]
     out = tmp_path_factory.mktemp("probe") / "rounds.json"
     outs, records, totals = serve_probed(engine_factory, tiny_pair, JUDGED, params, out)
     assert all(len(o["output_ids"]) == MAX_NEW for o in outs)
@@ -113,9 +124,19 @@ def test_tier0_round_plans_without_crossing(cpu_runtime):
     def plan(length: int, counter: SyncCounter):
         drafts = torch.arange(2 * length, dtype=torch.int64).view(2, length)
         counter.mark_host(drafts)
-        return plan_window(drafts_host=drafts, confidence_host=drafts.float(), last_tokens=last_tokens, prefix_lens=prefix_lens,
-                           prefix_sum=7, policies=policies, texts=None, suffix_ids=None, fixed_probes=None,
-                           constants=constants, mask_buffer=None)  # fmt: skip
+        return plan_window(
+            drafts_host=drafts,
+            confidence_host=drafts.float(),
+            last_tokens=last_tokens,
+            prefix_lens=prefix_lens,
+            prefix_sum=7,
+            policies=policies,
+            texts=None,
+            suffix_ids=None,
+            fixed_probes=None,
+            constants=constants,
+            mask_buffer=None,
+        )
 
     with SyncCounter() as first:
         cached = plan(0, first).plan  # the first round of the batch size makes its constants
@@ -141,8 +162,14 @@ def test_tier0_decode_steps_read_the_device_once_per_round(tiny_pair, engine_fac
     to it after a batch size's first round (which makes the tier-0 plan it keeps), however many
     steps the round ran."""
     costs = tmp_path / "costs.json"
-    costs.write_text(json.dumps({"draft": [{"bucket": 16, "L": L, "seconds": float(L)} for L in (0, 4)],
-                                 "rest": [{"bucket": 16, "rows": r, "seconds": 1e-3} for r in (1, 5)]}))  # fmt: skip
+    costs.write_text(
+        json.dumps(
+            {
+                "draft": [{"bucket": 16, "L": L, "seconds": float(L)} for L in (0, 4)],
+                "rest": [{"bucket": 16, "rows": r, "seconds": 1e-3} for r in (1, 5)],
+            }
+        )
+    )
     config = probe_config(
         draft_budget=4, adaptive=True, adaptive_tiers=[0], cost_table=str(costs), judge=False, retrieval=False
     )  # decode steps alone (copies: test_sglang_retrieval.py)
@@ -166,11 +193,18 @@ def test_head_rounds_cross_three_times(tiny_pair, engine_factory, tmp_path):
 
     head = build_random_head(tmp_path / "head", tiny_pair[0])
     costs = tmp_path / "costs.json"
-    costs.write_text(json.dumps({"draft": [{"bucket": 16, "L": 4, "seconds": 1.0}],
-                                 "rest": [{"bucket": 16, "rows": r, "seconds": 1e-3} for r in (4, 5)],
-                                 "head": [{"bucket": 16, "seconds": 0.0}]}))  # fmt: skip
-    config = probe_config(draft_budget=4, adaptive=True, adaptive_tiers=[4], cost_table=str(costs), judge=False,
-                          eagle3_head=str(head))  # fmt: skip
+    costs.write_text(
+        json.dumps(
+            {
+                "draft": [{"bucket": 16, "L": 4, "seconds": 1.0}],
+                "rest": [{"bucket": 16, "rows": r, "seconds": 1e-3} for r in (4, 5)],
+                "head": [{"bucket": 16, "seconds": 0.0}],
+            }
+        )
+    )
+    config = probe_config(
+        draft_budget=4, adaptive=True, adaptive_tiers=[4], cost_table=str(costs), judge=False, eagle3_head=str(head)
+    )
     params = {"max_new_tokens": MAX_NEW, "temperature": 0.0}
     outs, records, totals = serve_probed(engine_factory, tiny_pair, config, params, tmp_path / "rounds.json")
     assert all(len(o["output_ids"]) == MAX_NEW for o in outs)

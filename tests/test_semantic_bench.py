@@ -34,8 +34,13 @@ def rows(semantic, cpu_runtime):
 
 def test_rows_and_lossless(rows, semantic):
     parse_modes = [m for m, _, _ in semantic.parse_rows(head=False)]
-    assert [key[0] for key in rows] == ["target_only", "standalone", *parse_modes, "parse_adaptive",
-                                        "parse_default_judge"]  # fmt: skip
+    assert [key[0] for key in rows] == [
+        "target_only",
+        "standalone",
+        *parse_modes,
+        "parse_adaptive",
+        "parse_default_judge",
+    ]
     target, lossless = rows["target_only", None], rows["parse_lossless", None]
     assert lossless["output_ids"] == target["output_ids"] and lossless["accuracy"] == target["accuracy"] >= 0.9
     assert rows["parse_adaptive", None]["output_ids"] == target["output_ids"]
@@ -60,8 +65,11 @@ def test_rows_and_lossless(rows, semantic):
 def test_judges_take_fewer_tokens_as_their_threshold_rises(rows):
     """Every judge accepts tokens beyond the exact match at its lowest threshold, and a higher
     threshold (τ, λ, θ) accepts no larger share."""
-    for mode, thresholds in (("parse_probe", (0.3, 0.5, 0.7, 0.9)), ("parse_likelihood", (0.05, 0.2, 0.5)),
-                             ("parse_divergence", (0.5, 1.0, 2.0))):  # fmt: skip
+    for mode, thresholds in (
+        ("parse_probe", (0.3, 0.5, 0.7, 0.9)),
+        ("parse_likelihood", (0.05, 0.2, 0.5)),
+        ("parse_divergence", (0.5, 1.0, 2.0)),
+    ):
         shares = [rows[mode, t]["judged_share"] for t in thresholds]
         assert shares[0] > 0 and shares == sorted(shares, reverse=True), (mode, shares)
 
@@ -80,10 +88,15 @@ def test_nll_and_plot(rows, semantic, tmp_path):
 def test_plot_of_rows_that_all_pass(semantic, tmp_path):
     """A row every answer of which passed: its Wilson bound is 1.0 give or take a rounding error."""
     rows = [
-        {"mode": mode, "threshold": None, "accuracy": 1.0, "accuracy_ci95": [0.61, 1.0 - 1e-12],
-         "tokens_per_target_forward": tpf}
+        {
+            "mode": mode,
+            "threshold": None,
+            "accuracy": 1.0,
+            "accuracy_ci95": [0.61, 1.0 - 1e-12],
+            "tokens_per_target_forward": tpf,
+        }
         for mode, tpf in (("target_only", 1.0), ("parse_lossless", 8.0))
-    ]  # fmt: skip
+    ]
     semantic.plot(rows, str(tmp_path / "all.png"), "test")
     assert (tmp_path / "all.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -94,9 +107,19 @@ def test_paired_bound_and_merge(semantic, tmp_path):
     lists joined)."""
 
     def row(mode, correct, tokens=10, forwards=5):
-        return {"mode": mode, "threshold": None, "dtype": "bfloat16", "correct": correct, "tokens": tokens,
-                "forwards": forwards, "judged": 1, "rounds": 2, "verify_rows": 10, "wall_s": 1.0,
-                "output_ids": [[1]] * len(correct)}  # fmt: skip
+        return {
+            "mode": mode,
+            "threshold": None,
+            "dtype": "bfloat16",
+            "correct": correct,
+            "tokens": tokens,
+            "forwards": forwards,
+            "judged": 1,
+            "rounds": 2,
+            "verify_rows": 10,
+            "wall_s": 1.0,
+            "output_ids": [[1]] * len(correct),
+        }
 
     base, judge = row("parse_lossless", [True] * 4 + [False]), row("parse_likelihood", [False] + [True] * 4)
     semantic.paired([base, judge])

@@ -45,8 +45,9 @@ def _alive(pid: int) -> bool:
 
 def _terminate_parent(tmp_path, mode: str) -> tuple[int, int]:
     """(the parent's exit code after SIGTERM, its server's pid)."""
-    parent = subprocess.Popen([sys.executable, "-c", PARENT, str(tmp_path / "server.log"), mode],
-                              cwd=ROOT, stdout=subprocess.PIPE, text=True)  # fmt: skip
+    parent = subprocess.Popen(
+        [sys.executable, "-c", PARENT, str(tmp_path / "server.log"), mode], cwd=ROOT, stdout=subprocess.PIPE, text=True
+    )
     try:
         server = int(parent.stdout.readline())
         assert _alive(server)

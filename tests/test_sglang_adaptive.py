@@ -209,10 +209,29 @@ def test_deferred_draft_prefill_and_reused_slots(tiny_pair, drafts, pinned_costs
 
 def test_profile_cost_writes_a_table_a_server_loads(tiny_pair, cpu_runtime, tmp_path, capsys):
     path = tmp_path / "costs.json"
-    argv = ["--model-path", str(tiny_pair[0]), "--draft-model-path", str(tiny_pair[1]), "--num-steps", "2",
-            "--tiers", "2", "--batch", "1", "2", "--max-new-tokens", "12", "--out", str(path),
-            "--parse-config", '{"judge": false}',  # verify rows: L + 1 (the judge's probe adds its suffix)
-            "--engine-arg", "mem_fraction_static=0.5", "--engine-arg", "max_total_tokens=4096"]  # fmt: skip
+    argv = [
+        "--model-path",
+        str(tiny_pair[0]),
+        "--draft-model-path",
+        str(tiny_pair[1]),
+        "--num-steps",
+        "2",
+        "--tiers",
+        "2",
+        "--batch",
+        "1",
+        "2",
+        "--max-new-tokens",
+        "12",
+        "--out",
+        str(path),
+        "--parse-config",
+        '{"judge": false}',  # verify rows: L + 1 (the judge's probe adds its suffix)
+        "--engine-arg",
+        "mem_fraction_static=0.5",
+        "--engine-arg",
+        "max_total_tokens=4096",
+    ]
     assert profile_cost_main(argv) == 0
     printed = capsys.readouterr().out
     table = CostTable.load(str(path))

@@ -138,8 +138,10 @@ def test_a_bad_request_fails_alone(server, hf_target):
         ({"text": "one two", "sampling_params": greedy(8), "routed_dp_rank": REPLICAS}, "routed_dp_rank"),
     ]
     lossless = greedy(8, custom_params={"parse": {"judge": False}})
-    good = [{"text": f"{w} one two", "sampling_params": lossless, "routed_dp_rank": i % REPLICAS}
-            for i, w in enumerate(WORDS[:6])]  # fmt: skip
+    good = [
+        {"text": f"{w} one two", "sampling_params": lossless, "routed_dp_rank": i % REPLICAS}
+        for i, w in enumerate(WORDS[:6])
+    ]
     before = server_states(server)
     with ThreadPoolExecutor(max_workers=8) as pool:
         refused = [pool.submit(requests.post, server.url + "/generate", json=body, timeout=TIMEOUT) for body, _ in bad]

@@ -85,8 +85,9 @@ def serve(engine_factory, target, draft, prompts, head, costs, engine_settings=(
     """(outputs, server totals) of a PARSE server with `head` (adaptive, L <= 8, lossless unless
     `settings` say otherwise; engine_settings: more sglang.Engine arguments; params: PARAMS' changes)."""
     settings = {"judge": False, **settings}
-    config = ParseConfig(draft_budget=8, adaptive=True, adaptive_tiers=[0, 4], cost_table=costs, eagle3_head=str(head),
-                         **settings)  # fmt: skip
+    config = ParseConfig(
+        draft_budget=8, adaptive=True, adaptive_tiers=[0, 4], cost_table=costs, eagle3_head=str(head), **settings
+    )
     with engine_factory(target, **parse_engine_kwargs(draft, config), **dict(engine_settings)) as engine:
         outs = engine.generate(input_ids=prompts, sampling_params={**PARAMS, "custom_params": SCORES, **dict(params)})
         totals = engine.get_server_info()["internal_states"][0]["parse"]
@@ -112,8 +113,9 @@ def reference(pair_and_prompts, engine_factory) -> list:
 
 
 @pytest.mark.sglang
-def test_head_rounds_keep_the_targets_output(pair_and_prompts, pinned_costs, distilled_head, engine_factory, reference,
-                                             tmp_path):  # fmt: skip
+def test_head_rounds_keep_the_targets_output(
+    pair_and_prompts, pinned_costs, distilled_head, engine_factory, reference, tmp_path
+):
     target, draft, prompts = pair_and_prompts
     heads = {"distilled": distilled_head, "random": eagle3_head.build_random_head(tmp_path / "random", target)}
     per_round = {}
@@ -182,8 +184,9 @@ def shared_prefix(a, b) -> int:
 
 
 @pytest.mark.sglang
-def test_a_prefix_shared_with_another_request_is_matched_one_token_short(pair_and_prompts, distilled_head,
-                                                                        engine_factory, tmp_path):  # fmt: skip
+def test_a_prefix_shared_with_another_request_is_matched_one_token_short(
+    pair_and_prompts, distilled_head, engine_factory, tmp_path
+):
     """Two prompts sharing their first n tokens, served one after the other: on a head server the
     second finds n - 1 tokens cached, not n (the radix tree keyed by bigrams as SGLang's EAGLE:
     the head's KV in the n-th shared slot holds the first prompt's token n + 1,
@@ -194,8 +197,14 @@ def test_a_prefix_shared_with_another_request_is_matched_one_token_short(pair_an
     shared = shared_prefix(first, second)
     assert shared >= 2, shared  # the synthetic prompts share a few tokens
     costs = write_pinned_costs(tmp_path / "costs.json", (0, 4, 8), head=0.01)
-    config = ParseConfig(draft_budget=8, judge=False, adaptive=True, adaptive_tiers=[0, 4], cost_table=costs,
-                         eagle3_head=str(distilled_head))  # fmt: skip
+    config = ParseConfig(
+        draft_budget=8,
+        judge=False,
+        adaptive=True,
+        adaptive_tiers=[0, 4],
+        cost_table=costs,
+        eagle3_head=str(distilled_head),
+    )
     cached = {}
     for name, settings in {"head": parse_engine_kwargs(draft, config), "target only": {}}.items():
         with engine_factory(target, **settings) as engine:
@@ -226,11 +235,19 @@ def test_logprob_and_grammar_batches_keep_their_outputs(pair_and_prompts, distil
     prompts = prompts[:4]
     kinds_params = {name: ({**PARAMS, "max_new_tokens": 24, **extra}, call) for name, (extra, call) in KINDS.items()}
     with engine_factory(target) as engine:
-        reference = {name: engine.generate(input_ids=prompts, sampling_params=params, **call)
-                     for name, (params, call) in kinds_params.items()}  # fmt: skip
+        reference = {
+            name: engine.generate(input_ids=prompts, sampling_params=params, **call)
+            for name, (params, call) in kinds_params.items()
+        }
     costs = write_pinned_costs(tmp_path / "costs.json", (0, 4, 8), head=0.0)  # a head round as cheap as tier 0
-    config = ParseConfig(draft_budget=8, judge=False, adaptive=True, adaptive_tiers=[0, 4], cost_table=costs,
-                         eagle3_head=str(distilled_head))  # fmt: skip
+    config = ParseConfig(
+        draft_budget=8,
+        judge=False,
+        adaptive=True,
+        adaptive_tiers=[0, 4],
+        cost_table=costs,
+        eagle3_head=str(distilled_head),
+    )
     with engine_factory(target, **parse_engine_kwargs(draft, config)) as engine:
         for name, (params, call) in kinds_params.items():
             outs = engine.generate(input_ids=prompts, sampling_params=params, **call)
@@ -268,8 +285,14 @@ def test_sampled_head_rounds_keep_the_targets_distribution(pair_and_prompts, dis
     with engine_factory(target, random_seed=1, **common) as engine:
         reference, cooler = draw(engine, 1.0), draw(engine, 0.7)
     costs = write_pinned_costs(tmp_path / "costs.json", (0, 4, 8), head=0.0)  # a head round as cheap as tier 0
-    config = ParseConfig(draft_budget=8, judge=False, adaptive=True, adaptive_tiers=[0, 4], cost_table=costs,
-                         eagle3_head=str(distilled_head))  # fmt: skip
+    config = ParseConfig(
+        draft_budget=8,
+        judge=False,
+        adaptive=True,
+        adaptive_tiers=[0, 4],
+        cost_table=costs,
+        eagle3_head=str(distilled_head),
+    )
     with engine_factory(target, random_seed=2, **common, **parse_engine_kwargs(draft, config)) as engine:
         sampled = draw(engine, 1.0)
         totals = engine.get_server_info()["internal_states"][0]["parse"]
@@ -284,8 +307,11 @@ def test_bad_head_settings_are_refused_by_name(pair_and_prompts, cpu_runtime, tm
 
     target, draft, _ = pair_and_prompts
     config = json.loads((target / "config.json").read_text())
-    target_config = SimpleNamespace(vocab_size=config["vocab_size"], hidden_size=config["hidden_size"],
-                                    num_hidden_layers=config["num_hidden_layers"])  # fmt: skip
+    target_config = SimpleNamespace(
+        vocab_size=config["vocab_size"],
+        hidden_size=config["hidden_size"],
+        num_hidden_layers=config["num_hidden_layers"],
+    )
     model = SimpleNamespace(set_eagle3_layers_to_capture=None)
     cpu = SimpleNamespace(disable_cuda_graph=True, device="cpu", tp_size=1, disaggregation_mode="null")
     head = eagle3_head.build_random_head(tmp_path / "head", target, aux_layer_ids=(0, 2, 4))

@@ -598,5 +598,7 @@ def test_seeded_sampled_requests_are_reproducible(tiny_pair, cpu_runtime):
     )
     assert first[0]["output_ids"] == again[0]["output_ids"] and first[1]["output_ids"] == again[2]["output_ids"]
     assert first[0]["output_ids"] != first[1]["output_ids"]
-    assert sum(out["meta_info"]["parse"]["accepted_exact"] + out["meta_info"]["parse"]["accepted_judged"]
-               for out in first) > 0  # fmt: skip
+    assert (
+        sum(out["meta_info"]["parse"]["accepted_exact"] + out["meta_info"]["parse"]["accepted_judged"] for out in first)
+        > 0
+    )

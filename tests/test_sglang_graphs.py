@@ -120,9 +120,15 @@ def test_graph_reservations_of_the_design_example():
 
     def reservations(config: ParseConfig, suffix_len: int) -> GraphReservations:
         widths = tuple(s.rows for s in WindowGeometry(config, suffix_len).shapes())
-        return GraphReservations(max_bs=48, window_rows=max(widths), read_rows=37 if suffix_len else 33,
-                                 verify_widths=widths, draft_steps=tuple(L + 2 for L in config.chain_lengths),
-                                 context_len=40960, vocab_size=151936)  # fmt: skip
+        return GraphReservations(
+            max_bs=48,
+            window_rows=max(widths),
+            read_rows=37 if suffix_len else 33,
+            verify_widths=widths,
+            draft_steps=tuple(L + 2 for L in config.chain_lengths),
+            context_len=40960,
+            vocab_size=151936,
+        )
 
     r = reservations(probe_config(draft_budget=32, probe_stride=8), suffix_len=23)
     n_max_indices, chain_indices = 983_040_000, 259_522_560  # 48 x 125 (33) rows x 40,960 x 4 bytes
@@ -134,14 +140,16 @@ def test_graph_reservations_of_the_design_example():
     assert lossless.verify_kv_indices == chain_indices
     # Adaptive tiers 0/8/32: widths 1, 9 + 2 x 23 (Δ at most L / 2 = 4: two probes), 9, 33 and 125;
     # chains of 10 and 34 steps (tier 0 has none: its rounds skip the draft).
-    adaptive = reservations(probe_config(draft_budget=32, probe_stride=8, adaptive=True, adaptive_tiers=[0, 8]),
-                            suffix_len=23)  # fmt: skip
+    adaptive = reservations(
+        probe_config(draft_budget=32, probe_stride=8, adaptive=True, adaptive_tiers=[0, 8]), suffix_len=23
+    )
     assert adaptive.verify_kv_indices == 48 * (1 + 55 + 9 + 125 + 33) * 40960 * 4
     assert adaptive.draft_kv_indices == (10 + 34) * 48 * 40960 * 4
     # With an EAGLE-3 head of k = 3 reading 3 aux layers of hidden 4096 (bf16): its head-round verify
     # width 4, every width's aux buffer, and its chain's and extend's KV indices (2k + 1 rows)
-    config = ParseConfig(draft_budget=32, judge=False, adaptive=True, adaptive_tiers=[0, 8], eagle3_head="h",
-                         eagle3_steps=3)  # fmt: skip
+    config = ParseConfig(
+        draft_budget=32, judge=False, adaptive=True, adaptive_tiers=[0, 8], eagle3_head="h", eagle3_steps=3
+    )
     headed = dataclasses.replace(reservations(config, suffix_len=0), head_steps=3, aux_width=3 * 4096)
     widths = (1, 4, 9, 33)
     assert headed.verify_widths == widths
@@ -171,6 +179,11 @@ def test_startup_refuses_graph_reservations_beyond_headroom(tiny_pair, cpu_runti
             sglang.Engine(**kwargs)
     message = str(err.value)
     assert "PARSE's CUDA-graph reservations need" in message
-    for setting in ("--cuda-graph-max-bs", "--max-running-requests (max_bs=32)", "--context-length (2048)",
-                    "--mem-fraction-static=0.999", "--disable-cuda-graph"):  # fmt: skip
+    for setting in (
+        "--cuda-graph-max-bs",
+        "--max-running-requests (max_bs=32)",
+        "--context-length (2048)",
+        "--mem-fraction-static=0.999",
+        "--disable-cuda-graph",
+    ):
         assert setting in message, setting

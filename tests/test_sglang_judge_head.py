@@ -49,11 +49,30 @@ def mined(synthetic_pair, tmp_path_factory, cpu_runtime):
         launched_server(synthetic_pair[0], folder / "target", env={}, enable_return_hidden_states=True) as target,
         launched_server(synthetic_pair[1], folder / "draft", env={}) as draft,
     ):
-        head_tools.main(["mine", "--prompts", str(problems), "--grader", "support.judge_suites:synthetic",
-                         "--url", target.url, "--draft-url", draft.url, "--max-new-tokens", "96",
-                         "--per-problem", "8", "--batch", "16", "--out", str(shard)])  # fmt: skip
-    head_tools.main(["train", str(shard), "--target", synthetic_pair[0], "--out", str(head),
-                     "--max-harmful-accepted", "0.2"])  # fmt: skip
+        head_tools.main(
+            [
+                "mine",
+                "--prompts",
+                str(problems),
+                "--grader",
+                "support.judge_suites:synthetic",
+                "--url",
+                target.url,
+                "--draft-url",
+                draft.url,
+                "--max-new-tokens",
+                "96",
+                "--per-problem",
+                "8",
+                "--batch",
+                "16",
+                "--out",
+                str(shard),
+            ]
+        )
+    head_tools.main(
+        ["train", str(shard), "--target", synthetic_pair[0], "--out", str(head), "--max-harmful-accepted", "0.2"]
+    )
     return shard, head
 
 
@@ -93,8 +112,11 @@ def test_served_head_equals_reference(mined, synthetic_pair, engine_factory):
     judged = {}
     with engine_factory(target_dir, **parse_engine_kwargs(draft_dir, config)) as engine:
         for bound in (ParseConfig.head_threshold, 1.0):
-            params = {"max_new_tokens": MAX_NEW, "temperature": 0.0,
-                      "custom_params": {"parse": {"head_threshold": bound}}}  # fmt: skip
+            params = {
+                "max_new_tokens": MAX_NEW,
+                "temperature": 0.0,
+                "custom_params": {"parse": {"head_threshold": bound}},
+            }
             outs = engine.generate(input_ids=prompts, sampling_params=params)
             reference = ParseGenerator(target, draft, tokenizer, dataclasses.replace(config, head_threshold=bound))
             judged[bound] = 0

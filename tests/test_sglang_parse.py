@@ -429,9 +429,18 @@ def test_cli_flag_carries_parse_config(tiny_pair, cpu_runtime):
     from parse_sglang.plugin import register
 
     register()
-    argv = ["--model-path", str(tiny_pair[0]), "--speculative-algorithm", "PARSE",
-            "--speculative-draft-model-path", str(tiny_pair[1]), "--device", "cpu",
-            "--parse-config", '{"threshold": 1.5}']  # fmt: skip
+    argv = [
+        "--model-path",
+        str(tiny_pair[0]),
+        "--speculative-algorithm",
+        "PARSE",
+        "--speculative-draft-model-path",
+        str(tiny_pair[1]),
+        "--device",
+        "cpu",
+        "--parse-config",
+        '{"threshold": 1.5}',
+    ]
     server_args = prepare_server_args(argv)
     assert server_args._parse_config == '{"threshold": 1.5}'
     with pytest.raises(ValueError, match=r"threshold=1.5 is invalid"):

@@ -47,8 +47,9 @@ def target_greedy(hf_target, prompt_ids: list[int], max_new: int) -> list[int]:
 @pytest.fixture(scope="module")
 def server(tiny_pair, tmp_path_factory):
     log_dir = tmp_path_factory.mktemp("parse_server")
-    with parse_server(tiny_pair, log_dir, probe_config(draft_budget=DRAFT_STEPS, judge=False),
-                      max_running_requests=MAX_RUNNING) as srv:  # fmt: skip
+    with parse_server(
+        tiny_pair, log_dir, probe_config(draft_budget=DRAFT_STEPS, judge=False), max_running_requests=MAX_RUNNING
+    ) as srv:
         yield srv
 
 

@@ -84,8 +84,14 @@ def pd_pair(tiny_pair, tmp_path_factory):
     )
     pytest.importorskip("sglang_router")
     port = free_port()
-    prefill = server(tiny_pair, tmp_path_factory.mktemp("prefill"), 0, disaggregation_mode="prefill",
-                     disaggregation_bootstrap_port=port, **MOONCAKE)  # fmt: skip
+    prefill = server(
+        tiny_pair,
+        tmp_path_factory.mktemp("prefill"),
+        0,
+        disaggregation_mode="prefill",
+        disaggregation_bootstrap_port=port,
+        **MOONCAKE,
+    )
     decode = server(tiny_pair, tmp_path_factory.mktemp("decode"), 1, **DECODE, **MOONCAKE)
     with together(prefill, decode) as (p, d):
         yield p, port, d
@@ -124,8 +130,7 @@ def assert_clean(started) -> None:
     assert started.proc.poll() is None and "leak" not in log.lower() and "Traceback" not in log
 
 
-def test_pd_greedy_equals_target_greedy_at_the_acceptance_of_one_server(router, tiny_pair, hf_target,
-                                                                         tmp_path_factory):  # fmt: skip
+def test_pd_greedy_equals_target_greedy_at_the_acceptance_of_one_server(router, tiny_pair, hf_target, tmp_path_factory):
     tokenizer, model = hf_target
     outs = served(router, PROMPTS)
     for prompt, out in zip(PROMPTS, outs):
@@ -158,11 +163,23 @@ def test_a_prefill_server_without_parse_is_refused(pd_pair, router, tiny_pair, h
     """The request is sent by hand to both servers, as the router would (one bootstrap room)."""
     _, _, decode = pd_pair
     port = free_port()
-    plain = server(tiny_pair, tmp_path_factory.mktemp("plain"), 0, parse=False, disaggregation_mode="prefill",
-                   disaggregation_bootstrap_port=port, **MOONCAKE)  # fmt: skip
+    plain = server(
+        tiny_pair,
+        tmp_path_factory.mktemp("plain"),
+        0,
+        parse=False,
+        disaggregation_mode="prefill",
+        disaggregation_bootstrap_port=port,
+        **MOONCAKE,
+    )
     with plain as prefill:
-        body = {"text": "one two three", "sampling_params": greedy(8), "bootstrap_host": "127.0.0.1",
-                "bootstrap_port": port, "bootstrap_room": random.getrandbits(62)}  # fmt: skip
+        body = {
+            "text": "one two three",
+            "sampling_params": greedy(8),
+            "bootstrap_host": "127.0.0.1",
+            "bootstrap_port": port,
+            "bootstrap_room": random.getrandbits(62),
+        }
         prefill_reply = {}
         sender = threading.Thread(target=lambda: prefill_reply.update(reply=generate(prefill.url, body)))
         sender.start()
@@ -199,8 +216,12 @@ def test_the_prefill_server_killed_mid_load(pd_pair, router, hf_target):
     for prompt, reply in answered:
         assert reply.json()["output_ids"] == hf_greedy(model, tokenizer(prompt).input_ids, 96, ignore_eos=True)
     print(f"prefill killed: {len(answered)} of {len(results)} requests answered")
-    body = {"text": "still serving", "sampling_params": greedy(8), "bootstrap_host": FAKE_BOOTSTRAP_HOST,
-            "bootstrap_room": random.getrandbits(62)}  # fmt: skip
+    body = {
+        "text": "still serving",
+        "sampling_params": greedy(8),
+        "bootstrap_host": FAKE_BOOTSTRAP_HOST,
+        "bootstrap_room": random.getrandbits(62),
+    }
     after = generate(decode.url, body)  # SGLang's synthetic transfer: no prefill server needed
     assert after.status_code == 200 and after.json()["meta_info"]["parse"]["rounds"] > 0, after.text
     time.sleep(2.0)

@@ -43,8 +43,9 @@ def served(tiny_pair, pinned_costs, engine_factory, hf_target):
     with engine_factory(tiny_pair[0], **kwargs) as engine:
         outs = engine.generate(BATCH_PROMPTS, {"max_new_tokens": MAX_NEW, "temperature": 0.0, "custom_params": SCORES})
         off = {"parse": {**SCORES["parse"], "retrieval": False}}
-        opted_out = engine.generate(BATCH_PROMPTS[-1], {"max_new_tokens": MAX_NEW, "temperature": 0.0,
-                                                        "custom_params": off})  # fmt: skip
+        opted_out = engine.generate(
+            BATCH_PROMPTS[-1], {"max_new_tokens": MAX_NEW, "temperature": 0.0, "custom_params": off}
+        )
         totals = engine.get_server_info()["internal_states"][0]["parse"]
     return outs, opted_out, totals, [tokenizer(p).input_ids for p in BATCH_PROMPTS]
 
@@ -111,12 +112,14 @@ def test_finished_outputs_are_copied_by_later_requests(tiny_pair, tmp_path, engi
     first_ids = tokenizer("the cat and the dog").input_ids
     greedy = target_continuations(hf_target, ["the cat and the dog"], 40)["the cat and the dog"]
     with engine_factory(tiny_pair[0], **parse_engine_kwargs(tiny_pair[1], config(free_rows))) as engine:
-        first = engine.generate(input_ids=first_ids, sampling_params={"max_new_tokens": 40, "temperature": 0.0,
-                                                                      "ignore_eos": True})  # fmt: skip
+        first = engine.generate(
+            input_ids=first_ids, sampling_params={"max_new_tokens": 40, "temperature": 0.0, "ignore_eos": True}
+        )
         assert first["output_ids"] == greedy
         second_ids = first_ids + first["output_ids"][:6]  # a second turn: its own text holds no earlier match
-        second = engine.generate(input_ids=second_ids, sampling_params={"max_new_tokens": 24, "temperature": 0.0,
-                                                                        "custom_params": SCORES})  # fmt: skip
+        second = engine.generate(
+            input_ids=second_ids, sampling_params={"max_new_tokens": 24, "temperature": 0.0, "custom_params": SCORES}
+        )
     rounds = second["meta_info"]["parse"]["probe_scores"]
     copied = [r for r in rounds if r["copied"]]
     assert copied, [(r["length"], r["copied"]) for r in rounds]

@@ -51,7 +51,7 @@ def workers(tiny_pair, tmp_path_factory):
                     timeout=600.0,
                     env={**STRICT_MEM_CHECKS, CPU_BIND_ENV: str(core)},
                     **parse_engine_kwargs(draft, CONFIG),
-                )  # fmt: skip
+                )
             )
             for core in (0, 1)
         ]
@@ -71,8 +71,10 @@ def generate(url: str, body: dict) -> requests.Response:
 
 def served(workers) -> list[int]:
     """Requests each worker has run PARSE rounds for."""
-    return [requests.get(w.url + "/get_server_info", timeout=TIMEOUT).json()["internal_states"][0]["parse"]["requests"]
-            for w in workers]  # fmt: skip
+    return [
+        requests.get(w.url + "/get_server_info", timeout=TIMEOUT).json()["internal_states"][0]["parse"]["requests"]
+        for w in workers
+    ]
 
 
 def test_greedy_through_the_router_equals_target_greedy(router, workers, hf_target):

@@ -73,8 +73,21 @@ def hook_python(tmp_path_factory) -> str:
         return sys.executable
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", "--system-site-packages", str(venv)], check=True)
     python = str(venv / "bin" / "python")
-    install = [python, "-m", "pip", "install", "--disable-pip-version-check", "-q", "--no-deps",
-               "--no-build-isolation", "--no-index", "-e", str(REPO), "-e", str(REPO / "cpu_runtime")]  # fmt: skip
+    install = [
+        python,
+        "-m",
+        "pip",
+        "install",
+        "--disable-pip-version-check",
+        "-q",
+        "--no-deps",
+        "--no-build-isolation",
+        "--no-index",
+        "-e",
+        str(REPO),
+        "-e",
+        str(REPO / "cpu_runtime"),
+    ]
     subprocess.run(install, check=True, capture_output=True, timeout=TIMEOUT)
     return python
 
@@ -92,19 +105,47 @@ def run_tool(python: str, args: list[str], cwd: Path) -> str:
 def cpu_flags(target, draft) -> list[str]:
     """The tiny pair with PARSE on CPU, as command-line flags (what the README shows)."""
     return [
-        "--model-path", str(target), "--speculative-algorithm", "PARSE",
-        "--speculative-draft-model-path", str(draft), "--speculative-num-steps", str(CONFIG.draft_budget),
-        "--parse-config", json.dumps(parse_engine_kwargs(draft, CONFIG)["parse_config"]),
-        "--device", "cpu", "--attention-backend", "torch_native", "--disable-cuda-graph", "--dtype", "float32",
-        "--max-total-tokens", "4096", "--mem-fraction-static", "0.5", "--decode-log-interval", "1",
-    ]  # fmt: skip
+        "--model-path",
+        str(target),
+        "--speculative-algorithm",
+        "PARSE",
+        "--speculative-draft-model-path",
+        str(draft),
+        "--speculative-num-steps",
+        str(CONFIG.draft_budget),
+        "--parse-config",
+        json.dumps(parse_engine_kwargs(draft, CONFIG)["parse_config"]),
+        "--device",
+        "cpu",
+        "--attention-backend",
+        "torch_native",
+        "--disable-cuda-graph",
+        "--dtype",
+        "float32",
+        "--max-total-tokens",
+        "4096",
+        "--mem-fraction-static",
+        "0.5",
+        "--decode-log-interval",
+        "1",
+    ]
 
 
 def random_dataset_flags() -> list[str]:
     return [
-        "--dataset-name", "random", "--dataset-path", str(PROMPTS_JSON), "--num-prompts", str(NUM_PROMPTS),
-        "--random-input-len", str(INPUT_LEN), "--random-output-len", str(OUTPUT_LEN), "--random-range-ratio", "1",
-    ]  # fmt: skip
+        "--dataset-name",
+        "random",
+        "--dataset-path",
+        str(PROMPTS_JSON),
+        "--num-prompts",
+        str(NUM_PROMPTS),
+        "--random-input-len",
+        str(INPUT_LEN),
+        "--random-output-len",
+        str(OUTPUT_LEN),
+        "--random-range-ratio",
+        "1",
+    ]
 
 
 def result_table(output: str) -> dict:
@@ -206,8 +247,21 @@ def server_totals(server) -> dict:
 def test_serving_benchmark_reports_parse_accept_length(server, hook_python, tiny_pair, tmp_path):
     result_file = tmp_path / "serving.jsonl"
     host, port = server.url.removeprefix("http://").split(":")
-    args = ["-m", "sglang.benchmark.serving", "--backend", "sglang", "--host", host, "--port", port,
-            "--tokenizer", str(tiny_pair[0]), *random_dataset_flags(), "--output-file", str(result_file)]  # fmt: skip
+    args = [
+        "-m",
+        "sglang.benchmark.serving",
+        "--backend",
+        "sglang",
+        "--host",
+        host,
+        "--port",
+        port,
+        "--tokenizer",
+        str(tiny_pair[0]),
+        *random_dataset_flags(),
+        "--output-file",
+        str(result_file),
+    ]
     out = run_tool(hook_python, args, tmp_path)
     result = json.loads(result_file.read_text().splitlines()[-1])
     state = server_totals(server)
@@ -236,8 +290,12 @@ def scrape(server) -> dict:
 def test_metrics_carry_parse_counters(server):
     before, totals_before = scrape(server), server_totals(server)["parse"]
     prompts = ["The river and the moon", "def f(x): return", "one two three four", "Step one: add"]
-    params = {"max_new_tokens": 20, "temperature": 0.0, "ignore_eos": True,
-              "custom_params": {"parse": {"return_probe_scores": True}}}  # fmt: skip
+    params = {
+        "max_new_tokens": 20,
+        "temperature": 0.0,
+        "ignore_eos": True,
+        "custom_params": {"parse": {"return_probe_scores": True}},
+    }
     outs = requests.post(server.url + "/generate", json={"text": prompts, "sampling_params": params}, timeout=TIMEOUT)
     assert outs.status_code == 200, outs.text[:2000]
     stats = [out["meta_info"]["parse"] for out in outs.json()]
@@ -269,8 +327,11 @@ def test_stream_last_chunk_carries_parse_counters(server):
         server.url + "/generate", json={**payload, "stream": True}, stream=True, timeout=TIMEOUT
     ) as reply:
         assert reply.status_code == 200
-        chunks = [json.loads(line[len(b"data: ") :]) for line in reply.iter_lines()
-                  if line.startswith(b"data: ") and line != b"data: [DONE]"]  # fmt: skip
+        chunks = [
+            json.loads(line[len(b"data: ") :])
+            for line in reply.iter_lines()
+            if line.startswith(b"data: ") and line != b"data: [DONE]"
+        ]
     assert len(chunks) > 2
     assert not any(isinstance(chunk["meta_info"].get("parse"), dict) for chunk in chunks[:-1])
     last = chunks[-1]["meta_info"]
@@ -292,11 +353,33 @@ def test_semantic_measures_a_running_server_paired(server, tmp_path):
     problems = [c["conversations"][0]["value"] for c in json.loads(PROMPTS_JSON.read_text())[:4]]
     (tmp_path / "problems.json").write_text(json.dumps(problems))
     proc = subprocess.run(
-        [sys.executable, str(REPO / "benchmarks" / "semantic.py"), "--url", server.url, "--prompts", "problems.json",
-         "--grader", "grader:grade", "--modes", "parse_lossless", "parse_likelihood", "--thresholds", "0.05",
-         "--max-new-tokens", "16", "--no-nll", "--json", "--plot", str(tmp_path / "plot.png")],
-        cwd=tmp_path, env=clean_env(), capture_output=True, text=True, timeout=TIMEOUT,
-    )  # fmt: skip
+        [
+            sys.executable,
+            str(REPO / "benchmarks" / "semantic.py"),
+            "--url",
+            server.url,
+            "--prompts",
+            "problems.json",
+            "--grader",
+            "grader:grade",
+            "--modes",
+            "parse_lossless",
+            "parse_likelihood",
+            "--thresholds",
+            "0.05",
+            "--max-new-tokens",
+            "16",
+            "--no-nll",
+            "--json",
+            "--plot",
+            str(tmp_path / "plot.png"),
+        ],
+        cwd=tmp_path,
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+    )
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-6000:]
     rows = {row["mode"]: row for row in map(json.loads, proc.stdout.splitlines())}
     assert set(rows) == {"parse_lossless", "parse_likelihood"} and rows["parse_likelihood"]["threshold"] == 0.05

@@ -88,8 +88,14 @@ def tp2_skewed(tiny_pair, cpu_runtime):
 def slow_draft_costs(tmp_path_factory) -> str:
     """A cost table pricing a draft step at 1 s and every verify alike (its rows free)."""
     costs = tmp_path_factory.mktemp("tp_costs") / "costs.json"
-    costs.write_text(json.dumps({"draft": [{"bucket": 8, "L": L, "seconds": float(L)} for L in (0, 6)],
-                                 "rest": [{"bucket": 8, "rows": r, "seconds": 1e-3} for r in (1, 7)]}))  # fmt: skip
+    costs.write_text(
+        json.dumps(
+            {
+                "draft": [{"bucket": 8, "L": L, "seconds": float(L)} for L in (0, 6)],
+                "rest": [{"bucket": 8, "rows": r, "seconds": 1e-3} for r in (1, 7)],
+            }
+        )
+    )
     return str(costs)
 
 
@@ -97,8 +103,9 @@ def slow_draft_costs(tmp_path_factory) -> str:
 def tp2_tier0(tiny_pair, cpu_runtime, slow_draft_costs):
     """An adaptive TP=2 server whose costs keep every round at tier 0 (no copies): rounds of
     decode steps, each step's tokens broadcast from rank 0."""
-    config = dataclasses.replace(JUDGED, adaptive=True, adaptive_tiers=(0,), cost_table=slow_draft_costs,
-                                 retrieval=False)  # fmt: skip
+    config = dataclasses.replace(
+        JUDGED, adaptive=True, adaptive_tiers=(0,), cost_table=slow_draft_costs, retrieval=False
+    )
     return serve(tiny_pair, 2, config=config)
 
 
@@ -194,10 +201,12 @@ def _rank_main(rank: int, init_file: str, fault: str, results) -> None:
     )
     results[rank] = (
         shared is plan,
-        {field.name: (getattr(shared, field.name).dtype, getattr(shared, field.name).tolist())
-         for field in dataclasses.fields(shared)},
+        {
+            field.name: (getattr(shared, field.name).dtype, getattr(shared, field.name).tolist())
+            for field in dataclasses.fields(shared)
+        },
         {name: (value.dtype, value.tolist()) for name, value in dataclasses.asdict(accepted).items()},
-    )  # fmt: skip
+    )
     dist.destroy_process_group()
 
 
@@ -221,8 +230,13 @@ def test_broadcast_packed_keeps_shapes_and_dtypes(tmp_path):
 
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'init'}", rank=0, world_size=1)
     try:
-        tensors = [torch.tensor([[1, -1], [3, 4]], dtype=torch.int32), torch.tensor([7, -2]),
-                   torch.tensor([True, False]), torch.tensor([0.1, 2.5e-8]), torch.zeros(2, 0, dtype=torch.int64)]  # fmt: skip
+        tensors = [
+            torch.tensor([[1, -1], [3, 4]], dtype=torch.int32),
+            torch.tensor([7, -2]),
+            torch.tensor([True, False]),
+            torch.tensor([0.1, 2.5e-8]),
+            torch.zeros(2, 0, dtype=torch.int64),
+        ]
         back = broadcast_packed(tensors, 0, dist.group.WORLD)
         assert [(t.dtype, t.shape, t.tolist()) for t in back] == [(t.dtype, t.shape, t.tolist()) for t in tensors]
     finally:
@@ -352,7 +366,7 @@ def test_pipeline_and_dp_attention_stay_refused(tiny_pair, cpu_runtime, argv, na
             "--device",
             "cpu",
             *argv,
-        ]  # fmt: skip
+        ]
     )
     with pytest.raises(ValueError, match=re.escape(f"PARSE does not support {named}")):
         server_args.resolve_once()

@@ -78,12 +78,17 @@ def _one_batch(seed: int):
     batch, length, vocab = 10, 9, 13
     logits = torch.randn(batch, length + 1, vocab, generator=gen) * torch.rand(batch, length + 1, 1, generator=gen) * 4
     top = logits.argmax(-1)
-    drafts = torch.where(torch.rand(batch, length, generator=gen) < 0.7, top[:, :-1],
-                         torch.randint(0, vocab, (batch, length), generator=gen))  # fmt: skip
+    drafts = torch.where(
+        torch.rand(batch, length, generator=gen) < 0.7,
+        top[:, :-1],
+        torch.randint(0, vocab, (batch, length), generator=gen),
+    )
     lens = torch.tensor([rng.randint(1, length) for _ in range(batch)])
     modes = [rng.choice(list(MODES)) for _ in range(batch)]
-    thresholds = torch.tensor([rng.choice([0.05, 0.3, 0.6]) if m != "divergence" else rng.choice([0.2, 0.8, 1.5])
-                               for m in modes], dtype=torch.float32)  # fmt: skip
+    thresholds = torch.tensor(
+        [rng.choice([0.05, 0.3, 0.6]) if m != "divergence" else rng.choice([0.2, 0.8, 1.5]) for m in modes],
+        dtype=torch.float32,
+    )
     windows = torch.tensor([rng.randint(1, 3) for _ in range(batch)])
     taus = torch.tensor([rng.choice([0.3, 0.6]) for _ in range(batch)])
     bounds_py = [sorted(rng.sample(range(1, n + 1), rng.randint(1, n)) if n else []) for n in lens.tolist()]
@@ -94,8 +99,19 @@ def _one_batch(seed: int):
     got = batched(logits, drafts, lens, modes, thresholds, windows, taus, bounds, scores, harm, judged)
     for i in range(batch):
         n = int(lens[i])
-        want = brute_force(logits[i], drafts[i].tolist(), n, modes[i], float(thresholds[i]), int(windows[i]),
-                           float(taus[i]), bounds_py[i], scores[i].tolist(), harm[i].tolist(), bool(judged[i]))  # fmt: skip
+        want = brute_force(
+            logits[i],
+            drafts[i].tolist(),
+            n,
+            modes[i],
+            float(thresholds[i]),
+            int(windows[i]),
+            float(taus[i]),
+            bounds_py[i],
+            scores[i].tolist(),
+            harm[i].tolist(),
+            bool(judged[i]),
+        )
         assert (int(got.accepted[i]), int(got.exact[i])) == want, (seed, i, modes[i])
     return got, lens
 
@@ -120,8 +136,11 @@ def test_divergence_needs_the_next_w_tokens_to_match_and_room_for_them():
     matches = torch.tensor([[True, False, True, True, False, True]])
     entropy = torch.tensor([[2.0, 2.0, 2.0, 2.0, 2.0, 0.1]])
     lens = torch.tensor([6])
-    for window, want in ((1, [False, True, True, False, True, False]), (2, [False, True, False, False, False, False]),
-                         (3, [False, False, False, False, False, False])):  # fmt: skip
+    for window, want in (
+        (1, [False, True, True, False, True, False]),
+        (2, [False, True, False, False, False, False]),
+        (3, [False, False, False, False, False, False]),
+    ):
         got = judge.divergence_passes(matches, entropy, torch.tensor([1.0]), torch.tensor([window]), lens)
         assert got[0].tolist() == want, window
     low = judge.divergence_passes(matches, entropy, torch.tensor([5.0]), torch.tensor([1]), lens)
@@ -130,15 +149,25 @@ def test_divergence_needs_the_next_w_tokens_to_match_and_room_for_them():
 
 # ----- the head's file ------------------------------------------------------------------------
 
-CONFIG = {"architectures": ["LlamaForCausalLM"], "hidden_size": 4, "num_hidden_layers": 2, "num_attention_heads": 2,
-          "vocab_size": 32, "intermediate_size": 8}  # fmt: skip
+CONFIG = {
+    "architectures": ["LlamaForCausalLM"],
+    "hidden_size": 4,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 2,
+    "vocab_size": 32,
+    "intermediate_size": 8,
+}
 
 
 def _head(config=CONFIG) -> judge_head.JudgeHead:
     identity = judge_head.TargetIdentity.of_config(config)
-    return judge_head.JudgeHead(identity, torch.tensor([0.5, -1.0, 0.0, 2.0, 0.25, -0.5]), 0.1,
-                                [{"threshold": 0.2, "accepted": 0.5, "false_accept": 0.1, "harmful_accepted": 0.05}],
-                                {"mined": ["test"]})  # fmt: skip
+    return judge_head.JudgeHead(
+        identity,
+        torch.tensor([0.5, -1.0, 0.0, 2.0, 0.25, -0.5]),
+        0.1,
+        [{"threshold": 0.2, "accepted": 0.5, "false_accept": 0.1, "harmful_accepted": 0.05}],
+        {"mined": ["test"]},
+    )
 
 
 def test_head_file_round_trips_and_scores_with_its_features(tmp_path):
@@ -206,8 +235,17 @@ def test_training_separates_a_planted_signal_and_calibrates_on_held_out_problems
         harmful = (hidden[:, 0] + 0.5 * hidden[:, 1] > 0.3).int().tolist()
         if shuffle:
             random.Random(1).shuffle(harmful)
-        rows = [{"problem": i // 4, "group": i // 4, "harmful": h, "hidden": judge_head.to_base64(x), "logp_draft": -1.0,
-                 "logp_top": -0.1} for i, (x, h) in enumerate(zip(hidden, harmful))]  # fmt: skip
+        rows = [
+            {
+                "problem": i // 4,
+                "group": i // 4,
+                "harmful": h,
+                "hidden": judge_head.to_base64(x),
+                "logp_draft": -1.0,
+                "logp_top": -0.1,
+            }
+            for i, (x, h) in enumerate(zip(hidden, harmful))
+        ]
         path = tmp_path / f"shard-{shuffle}.json"
         path.write_text(json.dumps({"target": identity.__dict__, "command": "test", "rows": rows}))
         return str(path)

@@ -22,10 +22,15 @@ def test_device_window_equals_reference_layout():
         m = rng.randint(1, 4) if K else 0
         suffix = [rng.randrange(100) for _ in range(m)]
         reqs = [
-            VerifyRequest(rng.randint(0, 12), rng.randrange(100), [rng.randrange(100) for _ in range(L)],
-                          sorted(rng.sample(range(1, L + 1), K)), suffix)
+            VerifyRequest(
+                rng.randint(0, 12),
+                rng.randrange(100),
+                [rng.randrange(100) for _ in range(L)],
+                sorted(rng.sample(range(1, L + 1), K)),
+                suffix,
+            )
             for _ in range(bs)
-        ]  # fmt: skip
+        ]
         layout = build_verify_layout(reqs)
         shape = WindowShape(L, K, m)
         prefix = torch.tensor([r.prefix_len for r in reqs])

@@ -55,8 +55,9 @@ def draft_kv_bytes_per_token(kvc) -> int:
     from sglang.srt.runtime_context import get_spec
 
     args = kvc.server_args
-    total = _kv_bytes(kvc, _draft_model_config(args, args.speculative_draft_model_path,
-                                               args.speculative_draft_model_revision))  # fmt: skip
+    total = _kv_bytes(
+        kvc, _draft_model_config(args, args.speculative_draft_model_path, args.speculative_draft_model_revision)
+    )
     head = server_parse_config(args, get_spec().speculative_num_steps).eagle3_head
     return total + (_kv_bytes(kvc, _draft_model_config(args, head)) if head else 0)
 

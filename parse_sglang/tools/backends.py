@@ -123,8 +123,13 @@ def teacher_top1(client, prompts: list, outputs: list) -> tuple[list, float]:
     text before it (teacher forcing, one prefill each); and the seconds per token of these prefills."""
     got, tokens, start = [], 0, time.perf_counter()
     for prompt, output in zip(prompts, outputs):
-        meta = client.generate(input_ids=prompt + output, sampling_params={"max_new_tokens": 1, "temperature": 0},
-                               return_logprob=True, logprob_start_len=len(prompt) - 1, top_logprobs_num=1)["meta_info"]  # fmt: skip
+        meta = client.generate(
+            input_ids=prompt + output,
+            sampling_params={"max_new_tokens": 1, "temperature": 0},
+            return_logprob=True,
+            logprob_start_len=len(prompt) - 1,
+            top_logprobs_num=1,
+        )["meta_info"]
         tops = meta["input_top_logprobs"][1 : len(output) + 1]  # [0] is the prompt's last token's own
         got.append(([t[0][1] for t in tops], [math.exp(t[0][0]) for t in tops]))
         tokens += len(prompt) + len(output)

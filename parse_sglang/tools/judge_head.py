@@ -64,8 +64,11 @@ def read_shards(paths: Sequence[str]) -> dict:
 
 
 def _matrix(rows: list) -> tuple[torch.Tensor, torch.Tensor]:
-    x = features(torch.stack([from_base64(r["hidden"]) for r in rows]),
-                 torch.tensor([r["logp_draft"] for r in rows]), torch.tensor([r["logp_top"] for r in rows]))  # fmt: skip
+    x = features(
+        torch.stack([from_base64(r["hidden"]) for r in rows]),
+        torch.tensor([r["logp_draft"] for r in rows]),
+        torch.tensor([r["logp_top"] for r in rows]),
+    )
     return x, torch.tensor([float(r["harmful"]) for r in rows])
 
 
@@ -116,12 +119,14 @@ def calibration(harm: torch.Tensor, labels: torch.Tensor) -> list:
     for tau in THRESHOLDS:
         ok = harm <= tau
         harmful = labels > 0.5
-        out.append({
-            "threshold": tau,
-            "accepted": round(float(ok.float().mean()), 4),
-            "false_accept": round(float((ok & harmful).sum() / max(int(harmful.sum()), 1)), 4),
-            "harmful_accepted": round(float((ok & harmful).sum() / max(int(ok.sum()), 1)), 4),
-        })  # fmt: skip
+        out.append(
+            {
+                "threshold": tau,
+                "accepted": round(float(ok.float().mean()), 4),
+                "false_accept": round(float((ok & harmful).sum() / max(int(harmful.sum()), 1)), 4),
+                "harmful_accepted": round(float((ok & harmful).sum() / max(int(ok.sum()), 1)), 4),
+            }
+        )
     return out
 
 
@@ -149,8 +154,14 @@ def labelled(rows: list, label: str) -> list:
     return kept
 
 
-def train(paths: Sequence[str], target: str, max_harmful_accepted: float = 0.05, seed: int = 0,
-          label: str = "outcome", log=print) -> tuple[JudgeHead, dict]:  # fmt: skip
+def train(
+    paths: Sequence[str],
+    target: str,
+    max_harmful_accepted: float = 0.05,
+    seed: int = 0,
+    label: str = "outcome",
+    log=print,
+) -> tuple[JudgeHead, dict]:
     """Fit on the train groups (L2 chosen on a split of them by AUC), calibrate on the held-out
     groups. Returns (head, report); the report's `bound` is `largest_safe_bound` of the held-out
     calibration (the file does not carry it)."""
@@ -201,8 +212,12 @@ def evaluate(head: JudgeHead, paths: Sequence[str], label: str = "outcome") -> d
     """ROC AUC and the calibration table of `head` on the mismatches in `paths` (`labelled`)."""
     x, y = _matrix(labelled(read_shards(paths)["rows"], label))
     harm = torch.sigmoid(x @ head.weights + head.bias)
-    return {"mismatches": len(y), "harmful_share": round(float(y.mean()), 4), "auc": _rounded(auc(harm, y)),
-            "calibration": calibration(harm, y)}  # fmt: skip
+    return {
+        "mismatches": len(y),
+        "harmful_share": round(float(y.mean()), 4),
+        "auc": _rounded(auc(harm, y)),
+        "calibration": calibration(harm, y),
+    }
 
 
 # ----- mining ---------------------------------------------------------------------------------
@@ -227,8 +242,19 @@ def _batched(client, inputs: list, params: list, batch: int) -> list:
     return out
 
 
-def mine(problems: list, grade, target: dict, draft: dict, out: str, first: int = 0, max_new_tokens: int = 256,
-         per_problem: int = 8, batch: int = 16, seed: int = 0, command: str = "") -> dict:  # fmt: skip
+def mine(
+    problems: list,
+    grade,
+    target: dict,
+    draft: dict,
+    out: str,
+    first: int = 0,
+    max_new_tokens: int = 256,
+    per_problem: int = 8,
+    batch: int = 16,
+    seed: int = 0,
+    command: str = "",
+) -> dict:
     """Label up to `per_problem` mismatches per problem (module doc); `problems` are the file's
     first .. first + len - 1, `grade` a `prompts.load_grader` grader, `target` / `draft` the
     `backends.connect` arguments ({"url"} or {"engine_args"}). Resumable: an existing `out` is kept."""
@@ -257,10 +283,17 @@ def mine(problems: list, grade, target: dict, draft: dict, out: str, first: int 
         for n in range(0, len(picks), batch):
             group = picks[n : n + batch]
             inputs = [ids[i] + answers[i][:k] + [q] for i, k, q in group]
-            feats = [model.client.generate(input_ids=x, sampling_params={"max_new_tokens": 1, "temperature": 0},
-                                           return_hidden_states=True, return_logprob=True,
-                                           logprob_start_len=len(x) - 2, top_logprobs_num=1)["meta_info"]
-                     for x in inputs]  # fmt: skip
+            feats = [
+                model.client.generate(
+                    input_ids=x,
+                    sampling_params={"max_new_tokens": 1, "temperature": 0},
+                    return_hidden_states=True,
+                    return_logprob=True,
+                    logprob_start_len=len(x) - 2,
+                    top_logprobs_num=1,
+                )["meta_info"]
+                for x in inputs
+            ]
             rest = [{"max_new_tokens": max(max_new_tokens - k - 1, 1), "temperature": 0} for _, k, _ in group]
             finished = model.client.generate(input_ids=inputs, sampling_params=rest)
             for (i, k, q), meta, done in zip(group, feats, finished):
@@ -270,18 +303,29 @@ def mine(problems: list, grade, target: dict, draft: dict, out: str, first: int 
                 # the prefill computed, [rows, H]; the last is the row that read q
                 states = torch.tensor(meta["hidden_states"][0], dtype=torch.float32)
                 if states.shape[-1] != identity.hidden_size:
-                    raise RuntimeError(f"the target returned hidden states of {tuple(states.shape)}, its hidden size "
-                                       f"is {identity.hidden_size}: a server of another model than {model.model_path}?")  # fmt: skip
+                    raise RuntimeError(
+                        f"the target returned hidden states of {tuple(states.shape)}, its hidden size "
+                        f"is {identity.hidden_size}: a server of another model than {model.model_path}?"
+                    )
                 hidden = states.reshape(-1, identity.hidden_size)[-1]
-                rows.append({
-                    "problem": first + i, "group": prompts.group_of(problems[i], first + i), "position": k,
-                    "draft_token": q, "target_token": answers[i][k], "harmful": int(outcome_after != outcome),
-                    "correct_before": right, "correct_after": right_after,
-                    "logp_draft": meta["input_token_logprobs"][1][0], "logp_top": meta["input_top_logprobs"][1][0][0],
-                    "hidden": to_base64(hidden),
-                    "context": tok.decode(answers[i][max(0, k - 12) : k]), "target_text": tok.decode([answers[i][k]]),
-                    "draft_text": tok.decode([q]),
-                })  # fmt: skip
+                rows.append(
+                    {
+                        "problem": first + i,
+                        "group": prompts.group_of(problems[i], first + i),
+                        "position": k,
+                        "draft_token": q,
+                        "target_token": answers[i][k],
+                        "harmful": int(outcome_after != outcome),
+                        "correct_before": right,
+                        "correct_after": right_after,
+                        "logp_draft": meta["input_token_logprobs"][1][0],
+                        "logp_top": meta["input_top_logprobs"][1][0][0],
+                        "hidden": to_base64(hidden),
+                        "context": tok.decode(answers[i][max(0, k - 12) : k]),
+                        "target_text": tok.decode([answers[i][k]]),
+                        "draft_text": tok.decode([q]),
+                    }
+                )
             progress(len(rows))
     shard = {
         "target": asdict(identity),
@@ -302,8 +346,11 @@ def _side(parser, who: str, url: Optional[str], engine_args: Optional[str]) -> d
     if url is not None:
         return {"url": url, "engine_args": None, "flags": flags}
     try:
-        return {"url": None, "engine_args": backends.parse_engine_args(engine_args, f"--{who}engine-args"),
-                "flags": flags}  # fmt: skip
+        return {
+            "url": None,
+            "engine_args": backends.parse_engine_args(engine_args, f"--{who}engine-args"),
+            "flags": flags,
+        }
     except ValueError as err:
         parser.error(str(err))
 
@@ -353,18 +400,36 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if not 0 <= args.first < len(problems):
             parser.error(f"--first={args.first} is invalid: allowed is 0 .. {len(problems) - 1} ({args.prompts})")
         chosen = problems[args.first : None if args.count is None else args.first + args.count]
-        shard = mine(chosen, grade, target, draft, args.out, args.first, args.max_new_tokens, args.per_problem,
-                     args.batch, args.seed, f"{PROG} {shlex.join(argv)}")  # fmt: skip
+        shard = mine(
+            chosen,
+            grade,
+            target,
+            draft,
+            args.out,
+            args.first,
+            args.max_new_tokens,
+            args.per_problem,
+            args.batch,
+            args.seed,
+            f"{PROG} {shlex.join(argv)}",
+        )
         harmful = sum(r["harmful"] for r in shard["rows"])
         print(f"{args.out}: {len(shard['rows'])} mismatches ({harmful} harmful) in {shard['seconds']} s")
     elif args.command == "train":
         head, report = train(args.shards, args.target, args.max_harmful_accepted, label=args.label)
         head.save(args.out)
         bound = report["bound"]
-        print(f"{args.out}: sha256 {hashlib.sha256(Path(args.out).read_bytes()).hexdigest()}; held-out AUC "
-              f"{report['held_out_auc']}; " + (f"serve with head_threshold <= {bound} (held-out harmful share among "
-              f"accepted <= {args.max_harmful_accepted})" if bound is not None else "no bound keeps the held-out "
-              f"harmful share among accepted <= {args.max_harmful_accepted}: this head does not pay here"))  # fmt: skip
+        print(
+            f"{args.out}: sha256 {hashlib.sha256(Path(args.out).read_bytes()).hexdigest()}; held-out AUC "
+            f"{report['held_out_auc']}; "
+            + (
+                f"serve with head_threshold <= {bound} "
+                f"(held-out harmful share among accepted <= {args.max_harmful_accepted})"
+                if bound is not None
+                else "no bound keeps the held-out harmful share among accepted "
+                f"<= {args.max_harmful_accepted}: this head does not pay here"
+            )
+        )
     else:
         print(json.dumps(evaluate(load(args.head), args.shards, args.label), indent=1))
     return 0

@@ -54,8 +54,9 @@ def profile(engine_kwargs: dict, config: ParseConfig, batches: Sequence[int], ma
     for tier in config.tiers:
         values = {"adaptive": True, "adaptive_tiers": [tier], "cost_table": "", "draft_budget": max(tier, 1)}
         tier_config = ParseConfig.from_dict(values, base=config)
-        engine = sglang.Engine(**{**engine_kwargs, **parse_engine_kwargs(engine_kwargs["speculative_draft_model_path"],
-                                                                          tier_config)})  # fmt: skip
+        engine = sglang.Engine(
+            **{**engine_kwargs, **parse_engine_kwargs(engine_kwargs["speculative_draft_model_path"], tier_config)}
+        )
         try:
             for batch in batches:
                 engine.generate([PROMPT] * batch, sampling)
@@ -100,8 +101,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from parse_sglang import cpu_engine_settings
 
-    engine = dict(model_path=args.model_path, speculative_draft_model_path=args.draft_model_path, log_level="error",
-                  max_running_requests=max(args.batch))  # fmt: skip
+    engine = dict(
+        model_path=args.model_path,
+        speculative_draft_model_path=args.draft_model_path,
+        log_level="error",
+        max_running_requests=max(args.batch),
+    )
     if not torch.cuda.is_available():
         engine.update(cpu_engine_settings(), max_total_tokens=max(16384, 4 * max(args.batch) * 512))
     engine.update(dict(args.engine_arg))

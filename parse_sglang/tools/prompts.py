@@ -31,8 +31,17 @@ def read_problems(path: str, flag: str = "--prompts") -> list:
     if not isinstance(problems, list) or not problems:
         raise ValueError(f"{flag}={path!r} is invalid: allowed is a non-empty JSON list of problems")
     for i, p in enumerate(problems):
-        ok = isinstance(p, str) or (isinstance(p, dict) and (isinstance(p.get("question"), str) or (
-            isinstance(p.get("input_ids"), list) and p["input_ids"] and all(isinstance(t, int) for t in p["input_ids"]))))  # fmt: skip
+        ok = isinstance(p, str) or (
+            isinstance(p, dict)
+            and (
+                isinstance(p.get("question"), str)
+                or (
+                    isinstance(p.get("input_ids"), list)
+                    and p["input_ids"]
+                    and all(isinstance(t, int) for t in p["input_ids"])
+                )
+            )
+        )
         if not ok:
             raise ValueError(
                 f"{flag}={path!r} is invalid: problem {i} is {str(p)[:80]!r}; allowed is a string or an object "

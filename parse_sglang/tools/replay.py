@@ -2,7 +2,7 @@
 machine file from `parse_sglang.tools.profile_cost` tables.
 
     python -m parse_sglang.tools.replay run TRACE.json [...] --machine MACHINE.json [--batches 8 32]
-        [--no-one-by-one] [--open-loop F] [--tiers 0 8 32] [--fixed 4 8 16 32] [--json]
+        [--no-one-by-one] [--open-loop F] [--tiers 0 8 32] [--fixed 4 8 16 32] [--no-retrieval] [--json]
     python -m parse_sglang.tools.replay machine --tables COSTS.json [...] --catch-up FIXED_S PER_TOKEN_S
         --source TEXT --out MACHINE.json
 """
@@ -28,8 +28,12 @@ def make_machine(tables: Sequence[str], catch_up_fixed: float, catch_up_per_toke
         merged.draft.update(table.draft)
         merged.rest.update(table.rest)
         merged.head.update(table.head)
-    return {"source": source, "table": merged.to_json(), "catch_up_fixed": catch_up_fixed,
-            "catch_up_per_token": catch_up_per_token}  # fmt: skip
+    return {
+        "source": source,
+        "table": merged.to_json(),
+        "catch_up_fixed": catch_up_fixed,
+        "catch_up_per_token": catch_up_per_token,
+    }
 
 
 def main(argv=None) -> int:
@@ -49,6 +53,9 @@ def main(argv=None) -> int:
     )
     run.add_argument("--fixed", type=int, nargs="+", default=[4, 8, 16, 32])
     run.add_argument("--tiers", type=int, nargs="+", default=None, help="the adaptive tiers (default: the package's)")
+    run.add_argument(
+        "--no-retrieval", action="store_true", help="adaptive without copies (a trace with token ids prices them)"
+    )
     run.add_argument("--json", action="store_true")
     machine = sub.add_parser("machine", help="write a machine file from profile_cost tables")
     machine.add_argument("--tables", nargs="+", required=True, help="profile_cost --out files, later ones winning")
@@ -63,7 +70,9 @@ def main(argv=None) -> int:
             parser.error(str(err))
         Path(args.out).write_text(json.dumps(made, indent=1) + "\n")
         return 0
-    config = ParseConfig.from_dict({"adaptive": True, **({"adaptive_tiers": args.tiers} if args.tiers else {})})
+    config = ParseConfig.from_dict(
+        {"adaptive": True, "retrieval": not args.no_retrieval, **({"adaptive_tiers": args.tiers} if args.tiers else {})}
+    )
     machine = Machine.load(args.machine)
     loads = ([] if args.no_one_by_one else ["one_by_one"]) + [f"batch:{b}" for b in args.batches]
     loads += [f"open:{args.open_loop}"] if args.open_loop else []
@@ -77,8 +86,10 @@ def main(argv=None) -> int:
             cells = "  ".join(
                 f"{k} {v['x_target']:.3f}" for k, v in row.items() if isinstance(v, dict) and "x_target" in v
             )
-            print(f"{trace.pair:>16} {load:>11}  {cells}  adaptive/best fixed ({row['best_fixed']}) "
-                  f"{row['adaptive_x_best_fixed']:.3f}")  # fmt: skip
+            print(
+                f"{trace.pair:>16} {load:>11}  {cells}  adaptive/best fixed ({row['best_fixed']}) "
+                f"{row['adaptive_x_best_fixed']:.3f}"
+            )
     return 0
 
 
