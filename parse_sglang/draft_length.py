@@ -41,6 +41,12 @@ class DraftLengthPolicy:
         run; copies: each request's `retrieval.Copy` or None (None: the server retrieves nothing)."""
         raise NotImplementedError
 
+    def prefills_draft(self, batch_size: int, prefill_tokens: int, rows_of: Callable[[int], int]) -> bool:
+        """Whether the draft's prefill of `prefill_tokens` (requests joining a batch of `batch_size`)
+        is expected to pay (else the prefill defers the draft's: `ParseWorker._defers_draft`);
+        rows_of as in `choose`."""
+        return True
+
     def drafts_on_host(self, caught_up: int = 0) -> None:
         """The round's drafts reached the host: its draft part ends; caught_up > 0: it held a
         catch-up over that many tokens the draft missed (`Draft.caught_up`), no cost of the round's tier."""

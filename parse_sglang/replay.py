@@ -39,7 +39,7 @@ import torch
 from parse_sglang.cost_table import CostTable
 from parse_sglang.draft_length import DECODE, DraftLengthPolicy, FixedDraftLength, drafting
 from parse_sglang.request_state import RequestPolicy, state_of
-from parse_sglang.retrieval import Copy, Retrieval, window_length
+from parse_sglang.retrieval import Copy, Retrieval, copy_budgets, window_length
 from parse_sglang.settings import ParseConfig
 
 STOP, TOKEN = 1, 2  # the replay's token ids: where a trace's output ended at a stop token, and any other
@@ -245,7 +245,7 @@ class _Copier:
         return cls(config, trace) if retrieves and trace.has_ids else None
 
     def propose(self, running: list, policies: list) -> list[Optional[Copy]]:
-        return self.retrieval.propose(running, [p.budget if p.config.retrieval else 0 for p in policies])
+        return self.retrieval.propose(running, copy_budgets(policies))
 
     def kept(self, req: SimRequest, copy: Copy) -> tuple[int, int]:
         """(copied, kept) of a round verifying `copy` at req's output position: its tokens up to and
@@ -274,12 +274,17 @@ def serve(
     clock = clock if clock is not None else [0.0]
     start = clock[0] = max(clock[0], min(arrivals))
     waiting = [SimRequest(r, start + a - min(arrivals), i) for i, (r, a) in enumerate(zip(trace.requests, arrivals))]
-    running, served, deferred = [], Served(), False
+    running, served, drafting, last_bs = [], Served(), True, 0
     copier = _Copier.of(config, trace, target_only)
     rows_of = lambda L: L + 1  # noqa: E731 (lossless: the chain's rows, no probes)
     while waiting or running:
-        while waiting and len(running) < concurrency and waiting[0].arrival <= clock[0]:
-            req = waiting.pop(0)
+        admitted = []
+        while waiting and len(running) + len(admitted) < concurrency and waiting[0].arrival <= clock[0]:
+            admitted.append(waiting.pop(0))
+        # the worker's `_defers_draft`: after a tier-0 round, or where the joined batch is expected not to draft
+        prompts = sum(r.trace.prompt_len for r in admitted)
+        deferred = not drafting or not policy.prefills_draft(last_bs + len(admitted), prompts, rows_of)
+        for req in admitted:
             state_of(req).draft_behind = req.trace.prompt_len if deferred else 0
             if not deferred and not target_only:  # the draft's prefill beside the target's
                 clock[0] += machine.catch_up_per_token * req.trace.prompt_len
@@ -332,7 +337,7 @@ def serve(
             window = _Window(_Shape(rows_of(width)), _Plan(torch.tensor(lens), torch.zeros(bs, dtype=torch.bool)))
         if not target_only:
             policy.after_round(running, window, _Result(emitted, lengths), steps if width == 0 else 1)
-        deferred = tier == DECODE and not isinstance(policy, FixedDraftLength)
+        drafting, last_bs = tier != DECODE or isinstance(policy, FixedDraftLength), bs
         served.rounds += 1
         served.request_rounds += bs
         for r, out in zip(running, emitted):

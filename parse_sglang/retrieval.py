@@ -185,6 +185,12 @@ class CopyKeep:
         self.rejected[k] = KEEP_DECAY * self.rejected[k] + float(accepted < copied)
 
 
+def copy_budgets(policies) -> list[int]:
+    """Each request's most copied tokens a round (`RequestPolicy`s): its draft budget where its
+    settings retrieve, else 0."""
+    return [p.budget if p.config.retrieval else 0 for p in policies]
+
+
 class Retrieval:
     """The server's copies (module docstring): `min_match` tokens of a request's text must match;
     `corpus_tokens` bound the finished outputs it also searches (0: only the request's own text)."""

@@ -75,8 +75,9 @@ from parse_sglang.draft_length import FixedDraftLength
 from parse_sglang.eagle3_head import HeadChain
 from parse_sglang.judge import answer_columns
 from parse_sglang.judge_head import load as load_judge_head
+from parse_sglang.other_rounds import OtherRounds
 from parse_sglang.packing import fields_of, pack, unpack
-from parse_sglang.retrieval import Retrieval, window_length, with_copies
+from parse_sglang.retrieval import Retrieval, copy_budgets, window_length, with_copies
 from parse_sglang.verify_accept import accept_round
 from parse_sglang.scheduler_patches.verify_graph import VerifyGraphs
 from parse_sglang.settings import (
@@ -94,7 +95,7 @@ from parse_sglang.window_plan import Window, plan_window, request_policy
 logger = logging.getLogger(__name__)
 
 
-class ParseWorker(WorkerSetup, BaseSpecWorker):
+class ParseWorker(OtherRounds, WorkerSetup, BaseSpecWorker):
     def __init__(self, server_args: ServerArgs, gpu_id: int, nccl_port: int, target_worker: TpModelWorker):
         super().__init__()
         self.server_args = server_args
@@ -158,6 +159,7 @@ class ParseWorker(WorkerSetup, BaseSpecWorker):
         # The last verify's captured hidden states: the EAGLE-3 head's aux states, or the judge head's final ones.
         self._verify_aux = None
         self._drafting = False  # the last round drafted (`_defers_draft`)
+        self._decode_bs = 0  # the last round's batch size (`_defers_draft`)
         logger.info(
             "PARSE worker: L=%d, probe_stride=%d, judge=%s, threshold=%.3f, probe suffix m=%d, N_max=%d, window=%s",
             self.config.draft_budget,
@@ -193,31 +195,12 @@ class ParseWorker(WorkerSetup, BaseSpecWorker):
         self._draft_worker.after_round(batch.reqs, tier.length, kept, window.plan.copied.tolist())
         return result
 
-    def _head_round(self, batch: ScheduleBatch, committed: Committed, policies) -> GenerationBatchResult:
-        """The tier HEAD: the EAGLE-3 head's k drafts from each request's carried input, one
-        chain-only verify (no judge: the head drafts the target's own text, a target phase's
-        included), SGLang's exact acceptance; the PARSE draft idles over what it emits."""
-        set_lengths(batch, committed)
-        drafts, head_graphed = self.head.draft(batch, committed, self.req_to_token_pool)  # [bs, k]
-        exact = [dataclasses.replace(p, judged=False) for p in policies]
-        no_confidence = torch.ones_like(drafts, dtype=torch.float32)  # the head's confidence is not read
-        window = self._plan_window(committed, Draft(drafts, no_confidence, None, head_graphed), exact)
-        chain_logits, probe_logits, verify_graphed = self._verify(batch, committed, window)
-        accepted = self._accept(batch, committed, window, chain_logits, probe_logits, None)
-        accepted = self.tp.share_accepted(accepted)
-        graphed = head_graphed and verify_graphed
-        result = self._result(batch, committed, window, accepted, chain_logits, graphed)
-        lengths = self._record(batch.reqs, window, accepted, graphed, head=True)
-        self._draft_worker.idle(batch.reqs, [kept + 1 for kept in lengths])
-        return result
-
     def _copies(self, batch: ScheduleBatch, policies) -> Optional[list]:
         """Each request's `retrieval.Copy` (or None), at most its budget; None where the server does
         not retrieve, or the rejection rule would read a copy's q, which no model proposed."""
         if self.retrieval is None or (self.rejection_sampling and not batch.sampling_info.is_all_greedy):
             return None
-        budgets = [p.budget if p.config.retrieval else 0 for p in policies]
-        return self.retrieval.propose(batch.reqs, budgets)
+        return self.retrieval.propose(batch.reqs, copy_budgets(policies))
 
     def _draft_length(self, batch: ScheduleBatch, policies, copies) -> tuple[Tier, int, int]:
         """The round's `Tier`: the server's L, or the tier the adaptive controller chooses (rank 0's
@@ -241,6 +224,7 @@ class ParseWorker(WorkerSetup, BaseSpecWorker):
         kind, length, steps, width = self._shared(KINDS.index(tier.kind), tier.length, steps, width)
         tier = Tier(KINDS[kind], length)
         self._drafting = tier.kind == "draft"  # what the next prefill defers by (the same on every TP rank)
+        self._decode_bs = len(batch.reqs)
         return tier, steps, width
 
     def _rows_of(self, policies):
@@ -251,45 +235,6 @@ class ParseWorker(WorkerSetup, BaseSpecWorker):
     def _shared(self, *values: int) -> tuple[int, ...]:
         """What the policy chose per round (its tier, tier 0's steps, the window): rank 0's on every TP rank."""
         return self.tp.share_choice(*values) if self.draft_length.per_round else values
-
-    def _decode_steps(self, batch: ScheduleBatch, committed: Committed, policies, steps: int):
-        """Tier 0: `steps` plain decode steps for the batch, back to back on the device: each a
-        verify window of c alone at P + j (SGLang's own zero-step EAGLE round) and SGLang's
-        sampling of its row, whose token is the next step's c. SGLang commits the steps' tokens
-        as one run (the KV of c_n and the first steps - 1 tokens is written); the result comes
-        to the host once, and each step is counted as a round of L = 0."""
-        bs = len(batch.reqs)
-        nothing = torch.empty((bs, 0), dtype=torch.int64)  # on the host: nothing to copy (nor confidence)
-        no_drafts = Draft(nothing, nothing, None, True)
-        no_proposals = None  # the rejection rule's q of a sampled batch: [bs, 0, V]
-        if self.rejection_sampling and not batch.sampling_info.is_all_greedy:
-            no_proposals = torch.empty((bs, 0, self.model_runner.model_config.vocab_size), device=self.device)
-        tokens, graphed, aux = [committed.last_tokens], True, []
-        for j in range(steps):
-            step = Committed(committed.seq_lens + j, committed.seq_lens_cpu + j, committed.rows, tokens[-1])
-            window = self._plan_window(step, no_drafts, policies)
-            chain_logits, probe_logits, step_graphed = self._verify(batch, step, window)
-            accepted = self._accept(batch, step, window, chain_logits, probe_logits, no_proposals)
-            accepted = self.tp.share_accepted(accepted)
-            tokens.append(accepted.emitted[:, 0])
-            graphed = graphed and step_graphed
-            if self.head:  # a copy: a replayed graph hands back its static buffer, which the next step overwrites
-                aux.append(self._verify_aux.clone())
-        if self.head:  # the head extends over every step's row
-            self._verify_aux = torch.cat(aux, dim=1)  # [bs, steps, K*H]
-        if steps > 1:  # every step's token kept: a = steps - 1 per request, a constant per shape
-            kept = self.constants.cached(
-                ("decode_steps", bs, steps), lambda: torch.full((bs,), steps - 1, device=self.device)
-            )
-            accepted = Accepted(torch.stack(tokens[1:], dim=1), kept, kept, accepted.verdict)
-        self._draft_worker.idle(batch.reqs, [steps] * bs)
-        for req in batch.reqs:  # SGLang counts one verify (of 0 correct drafts) per round; each step is one
-            req.spec_verify_ct += steps - 1
-            for _ in range(steps - 1):
-                req.update_spec_correct_drafts_histogram(0)
-        result = self._result(batch, committed, window, accepted, chain_logits, graphed, steps)
-        self._record(batch.reqs, window, accepted, graphed, steps)
-        return result
 
     def _draft(self, batch: ScheduleBatch, committed: Committed, length: int) -> Draft:
         """d_1..d_L from c_n, with each one's confidence and proposal distribution, and whether
@@ -451,12 +396,18 @@ class ParseWorker(WorkerSetup, BaseSpecWorker):
         prefill server's (its decode server reads the draft KV it transfers):
         - while the last round ran tier 0: the draft may never be needed (a draft costing 0.9 of
           its target held SmolLM2's default server at 0.86x target-only by its prefills alone);
+        - where the controller does not expect drafting to repay the draft's prefill in the batch
+          these requests join (`AdaptiveDraftLength.prefills_draft`; rank 0's on a TP server);
         - where a request reuses cached slots: tier-0 rounds and deferred prefills commit tokens
           without draft KV, and a radix hit on them would feed the draft another request's
           missing KV (drafts wrong, output still the target's)."""
         if not self.config.adaptive or self.server_args.disaggregation_mode == "prefill":
             return False
-        return not self._drafting or any(batch.prefix_lens)
+        if not self._drafting or any(batch.prefix_lens):
+            return True
+        bs, tokens = self._decode_bs + len(batch.reqs), sum(batch.extend_lens)
+        (prefills,) = self._shared(self.draft_length.prefills_draft(bs, tokens, self._rows_of(())))
+        return not prefills
 
     def _fixed_window(self) -> bool:
         """K_max probes every round a request probes: "fixed", or "auto" when the target's

@@ -25,7 +25,7 @@ from parse_sglang.adaptive import (
     PooledKeepRate,
 )
 from parse_sglang.cost_table import EXPLORE_SAMPLES, SAMPLES, CostTable, bucket
-from parse_sglang.draft_length import DECODE, HEAD, drafting
+from parse_sglang.draft_length import DECODE, HEAD, FixedDraftLength, drafting
 from parse_sglang.tools.profile_cost import main as profile_cost_main
 from parse_sglang.settings import ParseConfig, server_parse_config
 
@@ -547,7 +547,6 @@ def test_the_head_tier_has_its_own_cost_cells_and_acceptance(tmp_path):
 def test_draft_length_policies_fixed_and_adaptive():
     """The worker asks one policy every round: fixed L (no TP broadcast, nothing shown), or the
     adaptive controller, whose `after_round` learns the round and times it with its own clock."""
-    from parse_sglang.draft_length import FixedDraftLength
 
     fixed = FixedDraftLength(8)
     assert not fixed.per_round and fixed.server_state() == {}
@@ -713,6 +712,39 @@ def test_a_drafting_round_bears_its_catch_up():
         req = SimpleNamespace()
         state_of(req).draft_behind = behind
         assert controller.choose([req], policies(1), rows_of, steps=4) == drafting(want), behind
+
+
+def test_a_prefill_defers_the_draft_where_drafting_would_not_repay_it():
+    """The draft's prefill of requests joining a batch runs where the seconds the best measured
+    drafting tier saves per output position against tier 0, times the mean output length, beat
+    the catch-up line's price of those tokens; not where the draft keeps nothing, nor where outputs
+    end too soon to repay it. Before the batch's bucket has tier 0 and a drafting tier measured
+    (an estimate borrowed from another bucket may be far off), and for a fixed L, it runs."""
+    costs = linear_costs(buckets=(1,))
+    decode = costs.cost(1, DECODE, 1)  # 22.1 ms
+    per_position = costs.cost(1, drafting(8), 9) / 9  # 4.3 ms: every draft kept
+    ends = [(100, True)] * 4  # outputs of 100 tokens: drafting saves ~1.8 s over one
+
+    def controller(keep: int, lengths=ends) -> AdaptiveDraftLength:
+        made = AdaptiveDraftLength((0, 8), CostTable(draft=dict(costs.draft), rest=dict(costs.rest)))
+        for key in costs.draft:
+            made.costs._measured.add((id(made.costs.draft), key))
+        for _ in range(200):
+            made.pooled.observe(8, keep)
+        made.ends.finished.extend(lengths)
+        made._catch_ups.extend([(1, 8, costs.draft[1, 8] + 0.01, 20), (1, 8, costs.draft[1, 8] + 1.01, 1020)])
+        return made  # a catch-up: 10 ms + 1 ms a token
+
+    saved = (decode - per_position) * 100
+    assert controller(8)._catch_up_seconds(1500) == pytest.approx(1.49)
+    assert 1.49 < saved < controller(8)._catch_up_seconds(2000)
+    assert controller(8).prefills_draft(1, 1500, rows_of)
+    assert not controller(8).prefills_draft(1, 2000, rows_of)  # the prefill dearer than what drafting saves
+    assert not controller(0).prefills_draft(1, 10, rows_of)  # a draft that keeps nothing never repays
+    assert not controller(8, [(2, True)] * 4).prefills_draft(1, 100, rows_of)  # outputs end too soon
+    assert controller(8).prefills_draft(32, 10**6, rows_of)  # bucket 32: nothing measured there
+    assert AdaptiveDraftLength((0, 8), CostTable()).prefills_draft(1, 10**6, rows_of)  # nothing measured
+    assert FixedDraftLength(8).prefills_draft(1, 10**6, rows_of)
 
 
 def test_a_head_that_keeps_nothing_is_probed_within_the_overhead():

@@ -152,6 +152,22 @@ def test_the_controller_keeps_close_to_the_best_fixed_L_on_every_committed_trace
     assert worst_32 < 0.85
 
 
+@pytest.mark.parametrize("pair", ["qwen-humaneval", "qwen-gsm"])
+def test_where_the_draft_does_not_pay_the_controller_keeps_the_targets_speed(pair, monkeypatch):
+    """The real pair at batch 32 on the development CPU (`cpu-qwen`), where drafting about breaks
+    even: after a warm-up pass the package's controller serves the trace at >= 0.97 of the target
+    alone. Negative control: with the draft prefilled for every admitted request
+    (`prefills_draft` always true) it pays those prefills and falls below 0.97 on HumanEval."""
+    trace = Trace.load(ROOT / "benchmarks" / "traces" / f"{pair}.json")
+    machine, config = Machine.load(ROOT / "benchmarks" / "machines" / "cpu-qwen.json"), ParseConfig()
+    row = replay(trace, machine, "batch:32", config, [8], oracle=False)
+    assert row["adaptive"]["x_target"] >= 0.97, row
+    if pair == "qwen-humaneval":
+        monkeypatch.setattr(AdaptiveDraftLength, "prefills_draft", lambda self, *args: True)
+        row = replay(trace, machine, "batch:32", config, [8], oracle=False)
+        assert row["adaptive"]["x_target"] < 0.97, row
+
+
 def test_bad_files_are_refused_by_name(tmp_path):
     bad = tmp_path / "t.json"
     bad.write_text("{}")
