@@ -514,6 +514,18 @@ def loads_of(args) -> list[tuple[str, int | None, float | None]]:
     return [("batch", b, None) for b in args.batch]
 
 
+def workload_setup(args, work: Workload) -> dict:
+    """The settings of a cell that name its workload: suite, problems (first, count),
+    max_new_tokens and dtype (main's table keeps the cells of --out with these)."""
+    return dict(
+        suite=work.suite,
+        first=work.first,
+        num_problems=len(work.prompt_ids),
+        max_new_tokens=args.max_new_tokens,
+        dtype=work.dtype,
+    )
+
+
 def run(args, work: Workload, progress=lambda line: print(line, file=sys.stderr, flush=True)) -> list[dict]:
     """Every pass, every row once in the pass's rotated order, each cell not already in --out
     measured and appended there at once; returns the cells measured."""
@@ -524,15 +536,7 @@ def run(args, work: Workload, progress=lambda line: print(line, file=sys.stderr,
     replay_column = ReplayColumn(args.replay_trace, args.replay_machine, work, args) if args.replay_trace else None
     requests = len(work.prompt_ids) if args.open_loop is not None else max(args.batch)
     base = base_settings(work, requests, args.max_new_tokens, cuda)
-    setup = dict(
-        suite=work.suite,
-        first=work.first,
-        num_problems=len(work.prompt_ids),
-        max_new_tokens=args.max_new_tokens,
-        dtype=work.dtype,
-        target=Path(work.target).name,
-        draft=Path(work.draft).name,
-    )
+    setup = dict(workload_setup(args, work), target=Path(work.target).name, draft=Path(work.draft).name)
     common = dict(command=args.command, commit=git_commit())
     measured = []
     for repeat in range(args.repeats):
@@ -869,13 +873,7 @@ def main(argv=None) -> int:
     except ValueError as err:  # a replay trace that does not fit the cells
         print(f"error: {err}", file=sys.stderr)
         return 2
-    setup = dict(
-        suite=work.suite,
-        first=work.first,
-        num_problems=len(work.prompt_ids),
-        max_new_tokens=args.max_new_tokens,
-        dtype=work.dtype,
-    )
+    setup = workload_setup(args, work)
     print(markdown([c for c in read_cells([args.out]) if all(c[k] == v for k, v in setup.items())]))
     return 0
 

@@ -98,6 +98,23 @@ def standalone_kwargs(draft_path, **overrides) -> dict:
     return kwargs
 
 
+def parse_server_flags(target, draft) -> list[str]:
+    """Command-line flags of a PARSE server: the target, the algorithm and the draft."""
+    return [
+        "--model-path",
+        str(target),
+        "--speculative-algorithm",
+        "PARSE",
+        "--speculative-draft-model-path",
+        str(draft),
+    ]
+
+
+# CPU_ENGINE_SETTINGS' device, attention backend and graphs as command-line flags (dtype and
+# sleep-on-idle left to each command).
+CPU_FLAGS = ["--device", "cpu", "--attention-backend", "torch_native", "--disable-cuda-graph"]
+
+
 @contextlib.contextmanager
 def sglang_engine(model_path, **overrides):
     """A real `sglang.Engine` on CPU, shut down on exit."""

@@ -14,6 +14,7 @@ import textwrap
 
 import pytest
 
+from conftest import CPU_FLAGS
 from sglang_cpu import STANDIN_DIRS
 
 SNAPSHOT = """
@@ -140,17 +141,7 @@ def test_the_launcher_adds_the_cpu_settings_a_user_left_out():
     from sglang_cpu.launch_server import cpu_defaults, has_fast_bf16
 
     base = ["--model-path", "m"]
-    assert cpu_defaults(base, fast_bf16=True) == [
-        *base,
-        "--device",
-        "cpu",
-        "--attention-backend",
-        "torch_native",
-        "--disable-cuda-graph",
-        "--dtype",
-        "bfloat16",
-        "--sleep-on-idle",
-    ]
+    assert cpu_defaults(base, fast_bf16=True) == [*base, *CPU_FLAGS, "--dtype", "bfloat16", "--sleep-on-idle"]
     assert cpu_defaults(base, fast_bf16=False)[-3:] == ["--dtype", "float32", "--sleep-on-idle"]
     # a user's own flag wins, in either spelling
     own = [*base, "--dtype=float16", "--attention-backend", "intel_amx", "--sleep-on-idle"]

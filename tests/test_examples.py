@@ -26,6 +26,7 @@ from pathlib import Path
 import psutil
 import pytest
 import requests
+from conftest import parse_server_flags
 from http_server import Server, clean_env, wait_healthy
 from support.servers import launch
 
@@ -168,12 +169,7 @@ def server_url(tiny_pair, tmp_path_factory, offline_example):
         sys.executable,
         "-m",
         "sglang_cpu.launch_server",
-        "--model-path",
-        str(target),
-        "--speculative-algorithm",
-        "PARSE",
-        "--speculative-draft-model-path",
-        str(draft),
+        *parse_server_flags(target, draft),
         "--speculative-num-steps",
         str(NUM_STEPS),
         "--max-total-tokens",

@@ -81,13 +81,23 @@ def assert_head_drafts_are_head_greedy(outs, prompts, head_path, target_path) ->
     return checked, ties
 
 
-def serve(engine_factory, target, draft, prompts, head, costs, engine_settings=(), params=(), **settings):
-    """(outputs, server totals) of a PARSE server with `head` (adaptive, L <= 8, lossless unless
-    `settings` say otherwise; engine_settings: more sglang.Engine arguments; params: PARAMS' changes)."""
-    settings = {"judge": False, **settings}
-    config = ParseConfig(
-        draft_budget=8, adaptive=True, adaptive_tiers=[0, 4], cost_table=costs, eagle3_head=str(head), **settings
+def head_config(costs, head, **settings) -> ParseConfig:
+    """Adaptive PARSE with `head` over tiers 0 and 4 (L <= 8), priced by `costs`; lossless unless
+    `settings` say otherwise."""
+    return ParseConfig(
+        **{"judge": False, **settings},
+        draft_budget=8,
+        adaptive=True,
+        adaptive_tiers=[0, 4],
+        cost_table=costs,
+        eagle3_head=str(head),
     )
+
+
+def serve(engine_factory, target, draft, prompts, head, costs, engine_settings=(), params=(), **settings):
+    """(outputs, server totals) of a PARSE server with `head_config(costs, head, **settings)`
+    (engine_settings: more sglang.Engine arguments; params: PARAMS' changes)."""
+    config = head_config(costs, head, **settings)
     with engine_factory(target, **parse_engine_kwargs(draft, config), **dict(engine_settings)) as engine:
         outs = engine.generate(input_ids=prompts, sampling_params={**PARAMS, "custom_params": SCORES, **dict(params)})
         totals = engine.get_server_info()["internal_states"][0]["parse"]
@@ -197,14 +207,7 @@ def test_a_prefix_shared_with_another_request_is_matched_one_token_short(
     shared = shared_prefix(first, second)
     assert shared >= 2, shared  # the synthetic prompts share a few tokens
     costs = write_pinned_costs(tmp_path / "costs.json", (0, 4, 8), head=0.01)
-    config = ParseConfig(
-        draft_budget=8,
-        judge=False,
-        adaptive=True,
-        adaptive_tiers=[0, 4],
-        cost_table=costs,
-        eagle3_head=str(distilled_head),
-    )
+    config = head_config(costs, distilled_head)
     cached = {}
     for name, settings in {"head": parse_engine_kwargs(draft, config), "target only": {}}.items():
         with engine_factory(target, **settings) as engine:
@@ -240,14 +243,7 @@ def test_logprob_and_grammar_batches_keep_their_outputs(pair_and_prompts, distil
             for name, (params, call) in kinds_params.items()
         }
     costs = write_pinned_costs(tmp_path / "costs.json", (0, 4, 8), head=0.0)  # a head round as cheap as tier 0
-    config = ParseConfig(
-        draft_budget=8,
-        judge=False,
-        adaptive=True,
-        adaptive_tiers=[0, 4],
-        cost_table=costs,
-        eagle3_head=str(distilled_head),
-    )
+    config = head_config(costs, distilled_head)
     with engine_factory(target, **parse_engine_kwargs(draft, config)) as engine:
         for name, (params, call) in kinds_params.items():
             outs = engine.generate(input_ids=prompts, sampling_params=params, **call)
@@ -285,14 +281,7 @@ def test_sampled_head_rounds_keep_the_targets_distribution(pair_and_prompts, dis
     with engine_factory(target, random_seed=1, **common) as engine:
         reference, cooler = draw(engine, 1.0), draw(engine, 0.7)
     costs = write_pinned_costs(tmp_path / "costs.json", (0, 4, 8), head=0.0)  # a head round as cheap as tier 0
-    config = ParseConfig(
-        draft_budget=8,
-        judge=False,
-        adaptive=True,
-        adaptive_tiers=[0, 4],
-        cost_table=costs,
-        eagle3_head=str(distilled_head),
-    )
+    config = head_config(costs, distilled_head)
     with engine_factory(target, random_seed=2, **common, **parse_engine_kwargs(draft, config)) as engine:
         sampled = draw(engine, 1.0)
         totals = engine.get_server_info()["internal_states"][0]["parse"]

@@ -22,7 +22,7 @@ import re
 import pytest
 import torch
 
-from conftest import BATCH_PROMPTS, PROMPTS, engine_kwargs, target_continuations, probe_config
+from conftest import BATCH_PROMPTS, PROMPTS, engine_kwargs, parse_server_flags, target_continuations, probe_config
 from parse_sglang.settings import parse_engine_kwargs
 from parse_sglang.counters import COUNTERS
 
@@ -429,18 +429,7 @@ def test_cli_flag_carries_parse_config(tiny_pair, cpu_runtime):
     from parse_sglang.plugin import register
 
     register()
-    argv = [
-        "--model-path",
-        str(tiny_pair[0]),
-        "--speculative-algorithm",
-        "PARSE",
-        "--speculative-draft-model-path",
-        str(tiny_pair[1]),
-        "--device",
-        "cpu",
-        "--parse-config",
-        '{"threshold": 1.5}',
-    ]
+    argv = [*parse_server_flags(*tiny_pair), "--device", "cpu", "--parse-config", '{"threshold": 1.5}']
     server_args = prepare_server_args(argv)
     assert server_args._parse_config == '{"threshold": 1.5}'
     with pytest.raises(ValueError, match=r"threshold=1.5 is invalid"):

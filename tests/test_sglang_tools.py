@@ -36,7 +36,7 @@ import pytest
 import requests
 from http_server import clean_env, launched_server
 
-from conftest import probe_config
+from conftest import CPU_FLAGS, parse_server_flags, probe_config
 from parse_sglang.counters import COUNTERS, TOTALS
 from parse_sglang.settings import parse_engine_kwargs
 
@@ -105,21 +105,12 @@ def run_tool(python: str, args: list[str], cwd: Path) -> str:
 def cpu_flags(target, draft) -> list[str]:
     """The tiny pair with PARSE on CPU, as command-line flags (what the README shows)."""
     return [
-        "--model-path",
-        str(target),
-        "--speculative-algorithm",
-        "PARSE",
-        "--speculative-draft-model-path",
-        str(draft),
+        *parse_server_flags(target, draft),
         "--speculative-num-steps",
         str(CONFIG.draft_budget),
         "--parse-config",
         json.dumps(parse_engine_kwargs(draft, CONFIG)["parse_config"]),
-        "--device",
-        "cpu",
-        "--attention-backend",
-        "torch_native",
-        "--disable-cuda-graph",
+        *CPU_FLAGS,
         "--dtype",
         "float32",
         "--max-total-tokens",

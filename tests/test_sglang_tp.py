@@ -28,7 +28,7 @@ import re
 import pytest
 import torch
 
-from conftest import PROMPTS, hf_greedy, sglang_engine, probe_config
+from conftest import PROMPTS, hf_greedy, parse_server_flags, sglang_engine, probe_config
 from sglang_cpu import CPU_BIND_ENV
 from parse_sglang.settings import ParseConfig
 from parse_sglang.settings import parse_engine_kwargs
@@ -355,18 +355,6 @@ def test_pipeline_and_dp_attention_stay_refused(tiny_pair, cpu_runtime, argv, na
     from parse_sglang.plugin import register
 
     register()
-    server_args = prepare_server_args(
-        [
-            "--model-path",
-            str(tiny_pair[0]),
-            "--speculative-algorithm",
-            "PARSE",
-            "--speculative-draft-model-path",
-            str(tiny_pair[1]),
-            "--device",
-            "cpu",
-            *argv,
-        ]
-    )
+    server_args = prepare_server_args([*parse_server_flags(*tiny_pair), "--device", "cpu", *argv])
     with pytest.raises(ValueError, match=re.escape(f"PARSE does not support {named}")):
         server_args.resolve_once()
