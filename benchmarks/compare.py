@@ -45,7 +45,9 @@ SGLang's usual throughput test; ungraded). Its JSON result (`--output-file`) is 
 
 NOISE. Rows are interleaved: the run is --repeats passes, and pass r runs every row once in the
 order rotated by r (ABC, BCA, CAB, ...), one engine at a time: each engine is started, warmed up
-on the warm-up prompt (at --max-new-tokens), timed over the workload at each load, shut down. A
+on the warm-up prompt (at --max-new-tokens), and before each closed batch of B > 1 also on B copies
+of it at a quarter of --max-new-tokens (an adaptive server keeps its costs per batch size, as a
+server under a steady load has them), timed over the workload at each load, shut down. A
 row's ratio to target-only is paired by pass (its tokens/s over target-only's in the same pass and
 load) and reported as the median over the passes with their min and max; each PARSE row is also
 paired with the best SGLang speculator row of each pass.
@@ -591,6 +593,9 @@ def measure_row(row: str, cells: list[dict], base: dict, work: Workload, args, c
                 if args.open_loop is not None:
                     got = measure_open(engine, work, args, folder)
                 else:
+                    if cell["batch"] > 1:
+                        short = {**warm, "max_new_tokens": max(args.max_new_tokens // 4, 1)}
+                        engine.generate(input_ids=[work.warm_up_ids] * cell["batch"], sampling_params=short)
                     got = measure_closed(engine, work, cell["batch"], args.max_new_tokens)
                 out.append(dict(cell, **got, error=None))
                 progress(
