@@ -251,7 +251,7 @@ class AdaptiveDraftLength(DraftLengthPolicy):
             and tier in measured
             and (cost := self.costs.cost(batch_size, tier, self._rows(tier, rows_of)))
         ]
-        if not decode or not per_position:
+        if DECODE not in measured or not decode or not per_position:
             return True
         saved = (decode - min(per_position)) * self.ends.mean_length()
         return saved > self._catch_up_seconds(prefill_tokens)

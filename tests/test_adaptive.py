@@ -725,9 +725,9 @@ def test_a_prefill_defers_the_draft_where_drafting_would_not_repay_it():
     per_position = costs.cost(1, drafting(8), 9) / 9  # 4.3 ms: every draft kept
     ends = [(100, True)] * 4  # outputs of 100 tokens: drafting saves ~1.8 s over one
 
-    def controller(keep: int, lengths=ends) -> AdaptiveDraftLength:
+    def controller(keep: int, lengths=ends, unmeasured=()) -> AdaptiveDraftLength:
         made = AdaptiveDraftLength((0, 8), CostTable(draft=dict(costs.draft), rest=dict(costs.rest)))
-        for key in costs.draft:
+        for key in set(costs.draft) - set(unmeasured):
             made.costs._measured.add((id(made.costs.draft), key))
         for _ in range(200):
             made.pooled.observe(8, keep)
@@ -743,6 +743,7 @@ def test_a_prefill_defers_the_draft_where_drafting_would_not_repay_it():
     assert not controller(0).prefills_draft(1, 10, rows_of)  # a draft that keeps nothing never repays
     assert not controller(8, [(2, True)] * 4).prefills_draft(1, 100, rows_of)  # outputs end too soon
     assert controller(8).prefills_draft(32, 10**6, rows_of)  # bucket 32: nothing measured there
+    assert controller(8, unmeasured=[(1, 0)]).prefills_draft(1, 2000, rows_of)  # tier 0 not measured there
     assert AdaptiveDraftLength((0, 8), CostTable()).prefills_draft(1, 10**6, rows_of)  # nothing measured
     assert FixedDraftLength(8).prefills_draft(1, 10**6, rows_of)
 
