@@ -478,10 +478,12 @@ class ReplayColumn:
 
 
 def git_commit() -> str | None:
-    """HEAD of this checkout, with "+dirty" where files differ from it; None outside git."""
+    """HEAD of this checkout, with "+dirty" where tracked files differ from it (a run's own untracked
+    outputs, its cells and traces, are not a change of the code); None outside git."""
     try:
         head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=HERE, capture_output=True, text=True, check=True)
-        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=HERE, capture_output=True, text=True, check=True)
+        status = ["git", "status", "--porcelain", "--untracked-files=no"]
+        dirty = subprocess.run(status, cwd=HERE, capture_output=True, text=True, check=True)
     except (OSError, subprocess.CalledProcessError):
         return None
     return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
