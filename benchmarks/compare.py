@@ -78,7 +78,8 @@ replay column its prediction and prediction / engine.
 REPLAY (--replay-trace TRACE --replay-machine MACHINE, default benchmarks/machines/cpu-qwen.json):
 beside each PARSE cell, `parse_sglang.replay`'s predicted ratio to target-only for the row's
 ParseConfig at the cell's load (batch 1: "one_by_one", batch B: "batch:B", open loop: "open:F" at
-the same arrival rate). The trace must be of the same problems (benchmarks/trace.py --pair
+the same arrival rate), warmed up as the engine is: the trace's first request alone, then a pass of
+the load (`replay(first_alone=True)`). The trace must be of the same problems (benchmarks/trace.py --pair
 qwen-humaneval|qwen-gsm|qwen-edit --first K --count N --max-new-tokens M); --prompts has none. The
 replay prices PARSE's rounds, retrieval's copies among them where the trace holds token ids (what
 trace.py records; an older trace without them predicts a row with retrieval on as without it, and
@@ -467,7 +468,8 @@ class ReplayColumn:
             unpriced = retrieves and not self.trace.has_ids  # copies need the trace's token ids
             note = "retrieval not modelled (a trace without token ids): predicted without it" if unpriced else None
             try:
-                x_target = replay(self.trace, self.machine, load, config, [L], oracle=False)[policy]["x_target"]
+                row = replay(self.trace, self.machine, load, config, [L], oracle=False, first_alone=True)
+                x_target = row[policy]["x_target"]
             except Exception as err:  # noqa: BLE001 (the replay failing on a config is the cell's to report)
                 x_target, note = None, f"the replay failed: {type(err).__name__}: {err}"
             self.cache[key] = {**self.paths, "load": load, "policy": policy, "x_target": x_target, "note": note}

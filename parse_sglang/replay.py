@@ -30,7 +30,7 @@ from __future__ import annotations
 import json
 import math
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
@@ -427,12 +427,16 @@ def replay(
     fixed: Sequence[int],
     oracle: bool = True,
     warm_up: int = 1,
+    first_alone: bool = False,
 ) -> dict:
     """Every policy and the target alone over the trace at `load` (`open_rate` for an open loop):
     each one's `Served.speed` and its ratio to the target alone's (module docstring), and the
     request-rounds that verified a copy; oracle: the batch-1 bound with one_by_one, where no copies
     are priced (it knows the draft model's rounds only); warm_up: runs of the load each policy
-    serves first, its state kept (the controller's start-up exploration is paid there)."""
+    serves first, its state kept (the controller's start-up exploration is paid there); first_alone:
+    before those, the trace's first request alone, as `benchmarks/compare.py` warms an engine up on
+    one prompt first (a controller that priced copy rounds at one request borrows that price in a
+    batch; one warmed up in batches only never tried them: the edit trace at batch 8, 0 copies)."""
     arrivals, concurrency = arrivals_of(load, len(trace.requests), open_rate(trace, machine, load, config))
     row = {"pair": trace.pair, "load": load}
     target = serve(FixedDraftLength(0), trace, machine, config, arrivals, concurrency, target_only=True)
@@ -445,6 +449,9 @@ def replay(
             else ParseConfig.from_dict({"adaptive": False, "draft_budget": int(name.split()[1])}, base=config)
         )
         policy = make(clock)
+        if first_alone:
+            alone = replace(trace, requests=trace.requests[:1])
+            serve(policy, alone, machine, cfg, [0.0], 1, clock)
         for _ in range(warm_up):  # as the benchmarks time a server: after warm-up runs of the same load
             serve(policy, trace, machine, cfg, arrivals, concurrency, clock)
         got = serve(policy, trace, machine, cfg, arrivals, concurrency, clock)

@@ -168,6 +168,19 @@ def test_where_the_draft_does_not_pay_the_controller_keeps_the_targets_speed(pai
         assert row["adaptive"]["x_target"] < 0.97, row
 
 
+def test_a_first_request_alone_lets_a_batch_price_copies():
+    """compare.py warms an engine up on one prompt before a closed batch; replayed the same way
+    (`first_alone`), the edit trace at batch 8 verifies copies, as its engines did (55-60
+    request-rounds a pass). Negative control: warmed up on the batch only, the controller never
+    prices a copy round and verifies none."""
+    trace = Trace.load(ROOT / "benchmarks" / "traces" / "qwen-edit-40x8.json")
+    machine, config = Machine.load(ROOT / "benchmarks" / "machines" / "cpu-qwen.json"), ParseConfig()
+    alone = replay(trace, machine, "batch:8", config, [8], oracle=False, first_alone=True)["adaptive"]
+    batch_only = replay(trace, machine, "batch:8", config, [8], oracle=False)["adaptive"]
+    assert alone["copy_rounds"] >= 20 and batch_only["copy_rounds"] == 0, (alone, batch_only)
+    assert alone["x_target"] > batch_only["x_target"]
+
+
 def test_bad_files_are_refused_by_name(tmp_path):
     bad = tmp_path / "t.json"
     bad.write_text("{}")
