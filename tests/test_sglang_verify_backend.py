@@ -76,10 +76,74 @@ def test_draft_extend_metadata_is_causal_after_prefix(verify):
         req_pool_indices=torch.tensor([0, 1]),
         out_cache_loc=torch.tensor([7, 8, 9, 10, 11]),
     )
-    meta = verify.draft_extend_metadata(batch, REQ_TO_TOKEN)
+    meta = verify.extend_metadata(batch, REQ_TO_TOKEN)
     assert meta.causal and meta.custom_mask is None
     assert meta.qo_indptr.tolist() == [0, 2, 5] and meta.kv_indptr.tolist() == [0, 5, 9]
     assert meta.kv_indices.tolist() == [100, 101, 102, 7, 8, 112, 9, 10, 11]
+
+
+class _Pool:
+    """A K/V pool of fp32 slots [slots, heads, dim] (what the backend reads and writes of SGLang's)."""
+
+    def __init__(self, slots, heads, dim):
+        self.k, self.v = torch.randn(slots, heads, dim), torch.randn(slots, heads, dim)
+
+    def set_kv_buffer(self, layer, loc, k, v):
+        self.k[loc.loc], self.v[loc.loc] = k.view(-1, *self.k.shape[1:]), v.view(-1, *self.v.shape[1:])
+
+    def get_key_buffer(self, layer_id):
+        return self.k
+
+    def get_value_buffer(self, layer_id):
+        return self.v
+
+
+def test_extend_over_a_cached_prefix_runs_paged_and_equals_sglangs_own(verify):
+    """A plain EXTEND with a prefix (PARSE's draft catch-up, a radix hit) is planned as a causal
+    paged extend, and attends as SGLang's stock torch_native extend does; without a prefix,
+    SGLang's code runs (no plan)."""
+    from sglang.srt.layers.radix_attention import AttentionType
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    torch.manual_seed(0)
+    heads, kv_heads, dim = 4, 2, 8
+    pool = _Pool(160, kv_heads, dim)
+    req_to_token = torch.arange(2 * 40, dtype=torch.int64).view(2, 40) + 3  # pool row r, column j -> 3 + 40r + j
+    prefix, new = [5, 9], [2, 1]
+    batch = SimpleNamespace(
+        forward_mode=ForwardMode.EXTEND,
+        extend_prefix_lens_cpu=prefix,
+        extend_prefix_lens=torch.tensor(prefix),
+        extend_seq_lens=torch.tensor(new),
+        seq_lens=torch.tensor([p + n for p, n in zip(prefix, new)]),
+        req_pool_indices=torch.tensor([1, 0]),
+        out_cache_loc=torch.tensor([3 + 40 + 5, 3 + 40 + 6, 3 + 9]),
+        encoder_lens=None,
+        out_cache_loc_swa=None,
+    )
+    backend = verify.TorchNativeSpecAttnBackend.__new__(verify.TorchNativeSpecAttnBackend)
+    backend.req_to_token_pool, backend.token_to_kv_pool = SimpleNamespace(req_to_token=req_to_token), pool
+    backend.use_sliding_window_kv_pool, backend.swa_out_cache_loc = False, None
+    backend.init_forward_metadata(batch)
+    assert backend.spec_metadata.causal and backend.spec_metadata.kv_indptr.tolist() == [0, 7, 17]
+    layer = SimpleNamespace(
+        layer_id=0,
+        tp_q_head_num=heads,
+        tp_k_head_num=kv_heads,
+        qk_head_dim=dim,
+        v_head_dim=dim,
+        scaling=dim**-0.5,
+        is_cross_attention=False,
+        attn_type=AttentionType.DECODER,
+        sliding_window_size=None,
+    )
+    q, k, v = torch.randn(3, heads * dim), torch.randn(3, kv_heads * dim), torch.randn(3, kv_heads * dim)
+    paged = backend.forward_extend(q, k, v, layer, batch)
+    backend.spec_metadata = None  # SGLang's own extend
+    stock = backend.forward_extend(q, k, v, layer, batch)
+    torch.testing.assert_close(paged, stock)
+    backend.init_forward_metadata(SimpleNamespace(**{**vars(batch), "extend_prefix_lens_cpu": [0, 0]}))
+    assert backend.spec_metadata is None
 
 
 def _stub_runner():

@@ -3,7 +3,7 @@
 What it changes: the factory registered under "torch_native" in SGLang's attention
 registry (`sglang.srt.layers.attention.attention_registry.ATTENTION_BACKENDS`, through its
 own `register_attention_backend`) now builds `TorchNativeSpecAttnBackend`, a subclass of
-SGLang's `TorchNativeAttnBackend`. Plain prefill and decode still run SGLang's code.
+SGLang's `TorchNativeAttnBackend`. Decode and prefill without a cached prefix still run SGLang's code.
 
 Why: stock `TorchNativeAttnBackend.forward_extend` reads `extend_prefix_lens` /
 `extend_seq_lens`, which a TARGET_VERIFY batch does not carry, and never looks at
@@ -13,6 +13,11 @@ on CPU. The subclass runs
   the window, with the verify input's custom mask (SGLang's CPU QLEN_ONLY form, expanded,
   or the FULL form) or, without a mask, bottom-right causal;
 - DRAFT_EXTEND_V2 (the draft re-reading the verify window): causal over prefix + window;
+- EXTEND over a cached prefix (a radix hit, a later prefill chunk, PARSE's draft catching up
+  over c_n each round): the same; stock `forward_extend` makes every context token a query
+  (an SDPA of P x P per request and layer), which made PARSE's draft extend of 1-2 rows cost
+  41-67 ms of attention a round against 14.5 ms for STANDALONE's 9-row DRAFT_EXTEND_V2 (real
+  pair, ~400-token contexts): a cost of the stand-in, not of an extend on a GPU;
 through the project's shared torch paged attention (`sglang_cpu.paged`). A verify
 of one row per request (an adaptive PARSE round at tier 0: c_n alone) is a decode step's
 attention and runs SGLang's own decode path (`DecodeShapedVerify`): the verify forward of a
@@ -29,7 +34,9 @@ import torch
 
 from sglang.srt.layers.attention.attention_registry import ATTENTION_BACKENDS, register_attention_backend
 from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
+from sglang.srt.layers.radix_attention import AttentionType
 from sglang.srt.mem_cache.memory_pool import KVWriteLoc
+from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
 from parse_sglang.attention.layout import indptr_of, ragged_index
 from sglang_cpu.paged import paged_prefill_attention
@@ -138,14 +145,24 @@ def verify_metadata(forward_batch, req_to_token) -> PagedMetadata:
     return PagedMetadata(qo_indptr, kv_indptr, kv_indices, mask, causal=False)
 
 
-def draft_extend_metadata(forward_batch, req_to_token) -> PagedMetadata:
-    """DRAFT_EXTEND_V2: extend_seq_lens new rows per request, seq_lens counting them; causal."""
+def extend_metadata(forward_batch, req_to_token) -> PagedMetadata:
+    """DRAFT_EXTEND_V2, or EXTEND over a cached prefix: extend_seq_lens new rows per request,
+    seq_lens counting them; causal."""
     window = forward_batch.extend_seq_lens.to(torch.int64)
     prefix = forward_batch.seq_lens.to(torch.int64) - window
     kv_indptr, kv_indices = window_kv(
         req_to_token, forward_batch.req_pool_indices, prefix, forward_batch.out_cache_loc, window
     )
     return PagedMetadata(indptr_of(window, torch.int32), kv_indptr, kv_indices, None, causal=True)
+
+
+def pageable(layer) -> bool:
+    """Whether the shared paged attention runs `layer`: causal self-attention over the whole context."""
+    return not (
+        layer.is_cross_attention
+        or layer.attn_type == AttentionType.ENCODER_ONLY
+        or (layer.sliding_window_size is not None and layer.sliding_window_size > -1)
+    )
 
 
 class TorchNativeSpecAttnBackend(TorchNativeAttnBackend):
@@ -169,8 +186,10 @@ class TorchNativeSpecAttnBackend(TorchNativeAttnBackend):
                 )
             else:
                 self.spec_metadata = verify_metadata(forward_batch, req_to_token)
-        elif mode.is_draft_extend_v2():
-            self.spec_metadata = draft_extend_metadata(forward_batch, req_to_token)
+        elif mode.is_draft_extend_v2() or (
+            mode == ForwardMode.EXTEND and any(forward_batch.extend_prefix_lens_cpu or ())
+        ):
+            self.spec_metadata = extend_metadata(forward_batch, req_to_token)
         else:
             self.spec_metadata = None
 
@@ -216,7 +235,8 @@ class TorchNativeSpecAttnBackend(TorchNativeAttnBackend):
         return out.reshape(-1, layer.tp_q_head_num * layer.v_head_dim)
 
     def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True):
-        if self.spec_metadata is None:
+        plain = forward_batch.forward_mode == ForwardMode.EXTEND
+        if self.spec_metadata is None or (plain and not pageable(layer)):
             return super().forward_extend(q, k, v, layer, forward_batch, save_kv_cache)
         if isinstance(self.spec_metadata, DecodeShapedVerify):
             return self.forward_decode(q, k, v, layer, self.spec_metadata, save_kv_cache)
