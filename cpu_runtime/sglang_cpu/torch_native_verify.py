@@ -212,10 +212,10 @@ class TorchNativeSpecAttnBackend(TorchNativeAttnBackend):
 
     def run_paged(self, q, k, v, layer, forward_batch, save_kv_cache, metadata: PagedMetadata):
         """Write this forward's K/V, then attend with `metadata` through the shared paged attention."""
-        if layer.is_cross_attention or (layer.sliding_window_size is not None and layer.sliding_window_size > -1):
+        if not pageable(layer):
             raise NotImplementedError(
-                f"layer {layer.layer_id}: cross-attention / sliding-window layers are not supported "
-                "by the torch_native speculative modes"
+                f"layer {layer.layer_id}: cross-attention / encoder-only / sliding-window layers are not "
+                "supported by the torch_native speculative modes"
             )
         if save_kv_cache and k is not None and v is not None:
             self.token_to_kv_pool.set_kv_buffer(
