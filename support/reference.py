@@ -32,6 +32,26 @@ from parse_sglang.judge import (
 )
 
 
+def hf_greedy(model, prompt_ids: list[int], max_new: int, ignore_eos: bool = False) -> list[int]:
+    """`model`'s greedy continuation of prompt_ids (transformers, KV cache), up to max_new tokens,
+    ending with the first EOS unless ignore_eos (as SGLang's `ignore_eos`)."""
+    eos = model.generation_config.eos_token_id
+    eos = set() if ignore_eos or eos is None else {eos} if isinstance(eos, int) else set(eos)
+    tokens, threads = [], torch.get_num_threads()
+    torch.set_num_threads(1)  # a small model: on a busy machine a second thread only waits (6x slower)
+    try:
+        with torch.no_grad():
+            out = model(torch.tensor([prompt_ids]), use_cache=True)
+            while len(tokens) < max_new:
+                tokens.append(int(out.logits[0, -1].argmax()))
+                if tokens[-1] in eos:
+                    break
+                out = model(torch.tensor([tokens[-1:]]), past_key_values=out.past_key_values, use_cache=True)
+    finally:
+        torch.set_num_threads(threads)
+    return tokens
+
+
 def _ids(values, name: str) -> list[int]:
     if isinstance(values, torch.Tensor):
         if values.dim() != 1:

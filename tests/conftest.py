@@ -22,6 +22,7 @@ import torch
 
 from parse_sglang.settings import ParseConfig
 from sglang_cpu import CPU_ENGINE_SETTINGS
+from support.reference import hf_greedy  # noqa: F401 (the tests' reference greedy, imported from here)
 from support.tiny_models import build_pair
 
 # Prompts that every SGLang parity test uses; the later ones repeat themselves, which gives
@@ -134,26 +135,6 @@ def sglang_engine(model_path, **overrides):
 def tiny_pair(tmp_path_factory):
     """(target_dir, draft_dir): tiny Llama target and a 5%-noise draft sharing its tokenizer."""
     return build_pair(tmp_path_factory.mktemp("sglang_pair"), arch="llama", noise=0.05)
-
-
-def hf_greedy(model, prompt_ids: list[int], max_new: int, ignore_eos: bool = False) -> list[int]:
-    """`model`'s greedy continuation of prompt_ids (transformers, KV cache), up to max_new tokens,
-    ending with the first EOS unless ignore_eos (as SGLang's `ignore_eos`)."""
-    eos = model.generation_config.eos_token_id
-    eos = set() if ignore_eos or eos is None else {eos} if isinstance(eos, int) else set(eos)
-    tokens, threads = [], torch.get_num_threads()
-    torch.set_num_threads(1)  # a small model: on a busy machine a second thread only waits (6x slower)
-    try:
-        with torch.no_grad():
-            out = model(torch.tensor([prompt_ids]), use_cache=True)
-            while len(tokens) < max_new:
-                tokens.append(int(out.logits[0, -1].argmax()))
-                if tokens[-1] in eos:
-                    break
-                out = model(torch.tensor([tokens[-1:]]), past_key_values=out.past_key_values, use_cache=True)
-    finally:
-        torch.set_num_threads(threads)
-    return tokens
 
 
 def target_continuations(hf_target, prompts, max_new: int) -> dict[str, list[int]]:

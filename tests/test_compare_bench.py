@@ -204,6 +204,26 @@ def test_main_merges_shards(tmp_path, capsys):
     assert "| target_only | 1 | 10.00 | 1.000 |" in capsys.readouterr().out
 
 
+# ---- draft_context.py: a chain speculator's rounds, replayed offline --------------------------------
+
+
+def test_chain_rounds_keep_the_longest_prefix_the_output_agrees_with(hf_draft):
+    """Rounds of a lossless greedy chain over an output: where the output is the draft's own
+    continuation every round keeps L; where a token differs the round keeps what precedes it;
+    rounds run until the output is committed (kept + 1 a round, after the prefill's token)."""
+    from conftest import hf_greedy
+
+    draft_context = load_benchmark("draft_context", "draft_context_bench")
+    context = [5, 9, 13, 2, 7, 11]
+    own = hf_greedy(hf_draft, context, 13, ignore_eos=True)
+    assert draft_context.chain_rounds(hf_draft, context, own, 4) == [4, 4, 2]
+    changed = own[:3] + [(own[3] + 1) % hf_draft.config.vocab_size] + own[4:]
+    rounds = draft_context.chain_rounds(hf_draft, context, changed, 4)
+    assert rounds[0] == 2
+    # the last round ends the output (its bonus token may lie past it, as at max_new_tokens)
+    assert sum(kept + 1 for kept in rounds[:-1]) < len(changed) - 1 <= sum(kept + 1 for kept in rounds)
+
+
 # ---- the edit workload ---------------------------------------------------------------------------
 
 
