@@ -6,7 +6,7 @@
         [--open-loop RATE [--open-loop-dataset custom|random] [--open-loop-input-len 256] [--seed 0]]
         [--replay-trace TRACE.json [--replay-machine MACHINE.json]]
         [--target DIR --draft DIR [--prompts FILE]] [--cache-dir DIR]
-    python benchmarks/compare.py --merge A.jsonl [B.jsonl ...]
+    python benchmarks/compare.py --merge A.jsonl [B.jsonl ...] [--replay-trace TRACE.json [--replay-machine MACHINE.json]]
 
 ROWS (--rows: a subset, pass 0 in the order given; default all), greedy, SGLang's radix cache off in every row:
   target_only         the target alone; every ratio is to it
@@ -73,7 +73,9 @@ rate). Cells of several files with the same setup but different problem ranges (
 for that pass. Columns: tokens/s (median over passes), × target-only median (min-max), × the best
 SGLang speculator (PARSE rows; which row that is, by median), tokens per target forward, mean L,
 outputs equal to target-only's (same pass and load, counted over all passes), correct, and with a
-replay column its prediction and prediction / engine.
+replay column its prediction and prediction / engine. With --replay-trace, the PARSE cells of the
+trace's problems have their replay column priced again under --replay-machine (a machine file
+profiled after the run); the other cells keep theirs.
 
 REPLAY (--replay-trace TRACE --replay-machine MACHINE, default benchmarks/machines/cpu-qwen.json):
 beside each PARSE cell, `parse_sglang.replay`'s predicted ratio to target-only for the row's
@@ -476,6 +478,25 @@ class ReplayColumn:
         return self.cache[key]
 
 
+def repriced(cells: list[dict], trace_path: str, machine_path: str) -> list[dict]:
+    """`cells` with the replay column of each PARSE cell of the trace's problems priced under
+    `machine_path` (copies; the other cells as they are)."""
+    columns, out = {}, []
+    for cell in cells:
+        setup = (cell["suite"], cell["first"], cell["num_problems"], cell["max_new_tokens"])
+        if cell["row"] in PARSE_ROWS and cell.get("error") is None and setup not in columns:
+            shape = SimpleNamespace(first=cell["first"], num_problems=cell["num_problems"], max_new_tokens=setup[3])
+            try:
+                columns[setup] = ReplayColumn(trace_path, machine_path, SimpleNamespace(suite=setup[0]), shape)
+            except ValueError:  # a trace of other problems: not these cells'
+                columns[setup] = None
+        column = columns.get(setup) if cell["row"] in PARSE_ROWS else None
+        if column is not None:
+            cell = {**cell, "replay": column.predict(cell["row"], cell["L"], cell["batch"], cell["rate"])}
+        out.append(cell)
+    return out
+
+
 # ---- a run ---------------------------------------------------------------------------------------
 
 
@@ -868,7 +889,8 @@ def parse_args(argv=None):
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.merge:
-        print(markdown(read_cells(args.merge)))
+        cells = read_cells(args.merge)
+        print(markdown(repriced(cells, args.replay_trace, args.replay_machine) if args.replay_trace else cells))
         return 0
     import torch
 

@@ -389,6 +389,7 @@ def test_tiers_default_to_l_halved_while_at_least_four():
         (["--parse-config", '{"judge": "maybe"}'], "judge='maybe' is invalid"),
         (["--engine-arg", "novalue"], "--engine-arg 'novalue' is invalid: allowed is KEY=VALUE"),
         (["--max-new-tokens", "0"], "--max-new-tokens=0 is invalid"),
+        (["--context-tokens", "0"], "--context-tokens=0 is invalid"),
     ],
 )
 def test_profile_cost_refuses_bad_arguments_by_name(argv, message, capsys):

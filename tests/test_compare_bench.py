@@ -204,6 +204,30 @@ def test_main_merges_shards(tmp_path, capsys):
     assert "| target_only | 1 | 10.00 | 1.000 |" in capsys.readouterr().out
 
 
+def test_merge_reprices_the_replay_column_of_the_traces_problems(tmp_path):
+    """--merge --replay-trace: PARSE cells of the trace's problems are priced under the machine
+    given (a dearer draft predicts less), the others keep their column."""
+    trace = compare.HERE / "traces" / "qwen-humaneval-40x8.json"
+    machine = json.loads(compare.DEFAULT_MACHINE.read_text())
+    for cell_ in machine["table"]["draft"]:
+        cell_["seconds"] *= 2
+    dearer = tmp_path / "dearer.json"
+    dearer.write_text(json.dumps(machine))
+    shape = dict(num_problems=8, max_new_tokens=256)
+    cells = [
+        {**cell("target_only", 0, 40, 100, 10.0, batch=8), **shape},
+        {**cell("parse_fixed_L", 0, 40, 100, 5.0, batch=8, L=8), **shape},
+        {**cell("parse_fixed_L", 0, 50, 100, 5.0, batch=8, L=8), **shape},  # other problems
+    ]
+    own = compare.repriced(cells, str(trace), str(compare.DEFAULT_MACHINE))
+    priced = compare.repriced(cells, str(trace), str(dearer))
+    assert own[0]["replay"] is None and priced[2]["replay"] is None
+    assert own[1]["replay"]["machine"] == str(compare.DEFAULT_MACHINE) and priced[1]["replay"]["machine"] == str(dearer)
+    assert own[1]["replay"]["load"] == "batch:8" and own[1]["replay"]["policy"] == "fixed 8"
+    assert 0 < priced[1]["replay"]["x_target"] < own[1]["replay"]["x_target"]
+    assert cells[1]["replay"] is None  # copies, not the cells given
+
+
 # ---- draft_context.py: a chain speculator's rounds, replayed offline --------------------------------
 
 

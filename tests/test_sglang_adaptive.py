@@ -223,6 +223,8 @@ def test_profile_cost_writes_a_table_a_server_loads(tiny_pair, cpu_runtime, tmp_
         "2",
         "--max-new-tokens",
         "12",
+        "--context-tokens",
+        "40",
         "--out",
         str(path),
         "--parse-config",

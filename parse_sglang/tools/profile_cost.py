@@ -3,14 +3,16 @@ tier and batch size on this machine, print the table, and write it for `cost_tab
 
     python -m parse_sglang.tools.profile_cost --model-path T --draft-model-path D [--num-steps 32]
         [--parse-config JSON] [--tiers 0 8 32] [--batch 1 8 32] [--max-new-tokens 48]
-        [--out costs.json] [--engine-arg KEY=VALUE ...]
+        [--context-tokens N] [--out costs.json] [--engine-arg KEY=VALUE ...]
 
 For each tier t one adaptive engine whose only tier is t (L = t; for tier 0, L = 1 and tiers
 {0, 1}: L >= 1, so its rounds run at most 2 decode steps; the table keeps their rest per step,
 as a server with any `tier0_steps` does) serves batches of concurrent requests of each size; its worker
 measures its own rounds (`adaptive.CostTable`: the first round of a cell is a warm-up, not
 counted) and reports the table through `get_server_info()`; the tables are merged (a cell
-measured by several engines: the last). Then
+measured by several engines: the last). Each request's prompt is PROMPT, or with
+`--context-tokens N` PROMPT's tokens repeated to N: a round's cost grows with the context it
+attends to, so a table meant to price a workload is measured at its contexts' mean length. Then
 
     --parse-config '{"adaptive": true, "cost_table": "costs.json"}'
 
@@ -43,8 +45,19 @@ def _engine_arg(text: str) -> tuple[str, object]:
         return key, value
 
 
-def profile(engine_kwargs: dict, config: ParseConfig, batches: Sequence[int], max_new_tokens: int) -> CostTable:
-    """The merged table of one adaptive engine per tier (module docstring)."""
+def prompt_ids(model_path: str, context_tokens: int) -> list[int]:
+    """PROMPT's token ids (the target's tokenizer) repeated and cut to `context_tokens`."""
+    from transformers import AutoTokenizer
+
+    ids = AutoTokenizer.from_pretrained(model_path).encode(PROMPT)
+    return (ids * (context_tokens // len(ids) + 1))[:context_tokens]
+
+
+def profile(
+    engine_kwargs: dict, config: ParseConfig, batches: Sequence[int], max_new_tokens: int, prompt=PROMPT
+) -> CostTable:
+    """The merged table of one adaptive engine per tier (module docstring); `prompt`: text, or
+    token ids."""
     import sglang
 
     from parse_sglang.settings import parse_engine_kwargs
@@ -59,7 +72,10 @@ def profile(engine_kwargs: dict, config: ParseConfig, batches: Sequence[int], ma
         )
         try:
             for batch in batches:
-                engine.generate([PROMPT] * batch, sampling)
+                if isinstance(prompt, str):
+                    engine.generate([prompt] * batch, sampling)
+                else:
+                    engine.generate(input_ids=[prompt] * batch, sampling_params=sampling)
             state = engine.get_server_info()["internal_states"][0]["parse"]
         finally:
             engine.shutdown()
@@ -82,12 +98,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--tiers", type=int, nargs="+", help="default: an adaptive server's (L = 32: 0 8 32)")
     parser.add_argument("--batch", type=int, nargs="+", default=[1, 8, 32])
     parser.add_argument("--max-new-tokens", type=int, default=48)
+    parser.add_argument("--context-tokens", type=int, help="each prompt's length in tokens (default: PROMPT's own)")
     parser.add_argument("--out", help="write the table here (JSON, for cost_table)")
     parser.add_argument("--engine-arg", type=_engine_arg, action="append", default=[], metavar="KEY=VALUE")
     args = parser.parse_args(argv)
-    for flag in ("batch", "max_new_tokens"):
+    for flag in ("batch", "max_new_tokens", "context_tokens"):
         values = getattr(args, flag)
-        if any(v < 1 for v in (values if isinstance(values, list) else [values])):
+        if values is not None and any(v < 1 for v in (values if isinstance(values, list) else [values])):
             parser.error(f"--{flag.replace('_', '-')}={values} is invalid: allowed are integers >= 1")
 
     try:
@@ -110,7 +127,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not torch.cuda.is_available():
         engine.update(cpu_engine_settings(), max_total_tokens=max(16384, 4 * max(args.batch) * 512))
     engine.update(dict(args.engine_arg))
-    table = profile(engine, config, args.batch, args.max_new_tokens)
+    prompt = PROMPT if args.context_tokens is None else prompt_ids(args.model_path, args.context_tokens)
+    table = profile(engine, config, args.batch, args.max_new_tokens, prompt)
     print(table.describe())
     if args.out:
         with open(args.out, "w") as f:
