@@ -68,7 +68,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--L", type=int, default=8, help="the draft length (parse_fixed_L's and standalone_L's)")
     parser.add_argument("--out", help="the per-problem rounds, JSON")
     args = parser.parse_args(argv)
-    cells = [json.loads(line) for line in Path(args.cells).read_text().splitlines() if line.strip()]
+    cells = compare.read_cells([args.cells])
     parse_cell = cell_of(cells, "parse_fixed_L", args.batch, args.repeat)
     standalone_cell = cell_of(cells, f"standalone_{args.L}", args.batch, args.repeat)
     if parse_cell["L"] != args.L:

@@ -27,7 +27,7 @@ import argparse
 import json
 import sys
 from types import SimpleNamespace
-from typing import Sequence
+from typing import Optional, Sequence
 
 from parse_sglang.cost_table import CostTable
 from parse_sglang.settings import ParseConfig, server_parse_config
@@ -45,19 +45,19 @@ def _engine_arg(text: str) -> tuple[str, object]:
         return key, value
 
 
-def prompt_ids(model_path: str, context_tokens: int) -> list[int]:
-    """PROMPT's token ids (the target's tokenizer) repeated and cut to `context_tokens`."""
+def prompt_ids(model_path: str, context_tokens: Optional[int]) -> list[int]:
+    """PROMPT's token ids (the target's tokenizer), with `context_tokens` repeated and cut to it."""
     from transformers import AutoTokenizer
 
     ids = AutoTokenizer.from_pretrained(model_path).encode(PROMPT)
-    return (ids * (context_tokens // len(ids) + 1))[:context_tokens]
+    return ids if context_tokens is None else (ids * (context_tokens // len(ids) + 1))[:context_tokens]
 
 
 def profile(
-    engine_kwargs: dict, config: ParseConfig, batches: Sequence[int], max_new_tokens: int, prompt=PROMPT
+    engine_kwargs: dict, config: ParseConfig, batches: Sequence[int], max_new_tokens: int, prompt: list[int]
 ) -> CostTable:
-    """The merged table of one adaptive engine per tier (module docstring); `prompt`: text, or
-    token ids."""
+    """The merged table of one adaptive engine per tier (module docstring); every request's prompt
+    is the token ids `prompt`."""
     import sglang
 
     from parse_sglang.settings import parse_engine_kwargs
@@ -72,10 +72,7 @@ def profile(
         )
         try:
             for batch in batches:
-                if isinstance(prompt, str):
-                    engine.generate([prompt] * batch, sampling)
-                else:
-                    engine.generate(input_ids=[prompt] * batch, sampling_params=sampling)
+                engine.generate(input_ids=[prompt] * batch, sampling_params=sampling)
             state = engine.get_server_info()["internal_states"][0]["parse"]
         finally:
             engine.shutdown()
@@ -127,8 +124,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not torch.cuda.is_available():
         engine.update(cpu_engine_settings(), max_total_tokens=max(16384, 4 * max(args.batch) * 512))
     engine.update(dict(args.engine_arg))
-    prompt = PROMPT if args.context_tokens is None else prompt_ids(args.model_path, args.context_tokens)
-    table = profile(engine, config, args.batch, args.max_new_tokens, prompt)
+    table = profile(engine, config, args.batch, args.max_new_tokens, prompt_ids(args.model_path, args.context_tokens))
     print(table.describe())
     if args.out:
         with open(args.out, "w") as f:
