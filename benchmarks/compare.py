@@ -28,9 +28,9 @@ sibling as draft; fetched when not cached), chat template applied, on support/pr
 Problems --first K .. K + N - 1 (--num-problems N). No tuning used problems from FIRST_UNTUNED on
 (the defaults of --first): the project's tables used HumanEval 0-39 and GSM-symbolic 0-59 and
 300-329 (benchmarks/README.md); the edit suite's problems are HumanEval's, so it starts at 40 too.
-Problem K + N (not in the set) is every engine's warm-up. --target/--draft: another pair on the
-suite's problems, or with --prompts FILE (a JSON list of strings, chat template applied, ungraded;
-the warm-up is WARM_UP).
+Problems K + N .. K + N + B - 1 (not in the set; B the largest --batch) are every engine's warm-ups.
+--target/--draft: another pair on the suite's problems, or with --prompts FILE (a JSON list of
+strings, chat template applied, ungraded; the warm-ups are WARM_UPS).
 
 LOADS: --batch 1 sends the prompts one by one (each after the last has finished); --batch B > 1
 sends them in closed batches of B (one generate call each, waiting for all B; the last batch holds
@@ -45,9 +45,11 @@ SGLang's usual throughput test; ungraded). Its JSON result (`--output-file`) is 
 
 NOISE. Rows are interleaved: the run is --repeats passes, and pass r runs every row once in the
 order rotated by r (ABC, BCA, CAB, ...), one engine at a time: each engine is started, warmed up
-on the warm-up prompt (at --max-new-tokens), and before each closed batch of B > 1 also on B copies
-of it at a quarter of --max-new-tokens (an adaptive server keeps its costs per batch size, as a
-server under a steady load has them), timed over the workload at each load, shut down. A
+on the first warm-up prompt (at --max-new-tokens), and before each closed batch of B > 1 also on B
+distinct warm-up prompts at a quarter of --max-new-tokens (an adaptive server keeps its costs per
+batch size, as a server under a steady load has them; copies of one prompt would fill retrieval's
+corpus and its keep rates with copies that keep everything), timed over the workload at each load,
+shut down. A
 row's ratio to target-only is paired by pass (its tokens/s over target-only's in the same pass and
 load) and reported as the median over the passes with their min and max; each PARSE row is also
 paired with the best SGLang speculator row of each pass.
@@ -124,7 +126,19 @@ SGLANG_SPECULATORS = ("standalone_3", "standalone_5", "standalone_8", "ngram")
 PARSE_ROWS = ("parse_default", "parse_fixed_L", "parse_no_retrieval")
 SUITES = ("humaneval", "gsm", "edit")
 FIRST_UNTUNED = {"humaneval": 40, "gsm": 60, "edit": 40}
-WARM_UP = "Write a Python function that returns the n-th Fibonacci number."
+WARM_UPS = tuple(  # --prompts' warm-ups, cycled where a batch is larger
+    f"Write a Python function that returns {what}."
+    for what in (
+        "the n-th Fibonacci number",
+        "the greatest common divisor of two integers",
+        "whether a string is a palindrome",
+        "the words of a sentence in reverse order",
+        "the prime factors of an integer",
+        "the running sums of a list",
+        "the number of vowels in a string",
+        "a list with its duplicates removed, in order",
+    )
+)
 WINDOW_ROOM = 128  # KV slots a request needs beyond its prompt and output: the widest draft window
 SETUP = ("suite", "first", "num_problems", "max_new_tokens", "dtype", "target", "draft")
 DEFAULT_MACHINE = HERE / "machines" / "cpu-qwen.json"
@@ -132,7 +146,7 @@ DEFAULT_MACHINE = HERE / "machines" / "cpu-qwen.json"
 
 @dataclasses.dataclass
 class Workload:
-    """What every row serves: the pair, the prompts (chat-templated ids), the warm-up prompt, a grader."""
+    """What every row serves: the pair, the prompts (chat-templated ids), the warm-up prompts, a grader."""
 
     suite: str | None  # None: --prompts
     first: int
@@ -141,7 +155,7 @@ class Workload:
     dtype: str
     questions: list[str]
     prompt_ids: list[list[int]]
-    warm_up_ids: list[int]
+    warm_up_ids: list[list[int]]  # distinct prompts outside the set, at least the largest batch's (`warm_up_batch`)
     grade: Callable[[int, str], bool] | None  # (problem index, answer text) -> correct
 
 
@@ -155,22 +169,29 @@ def load_workload(args) -> Workload:
         from parse_sglang import models
 
         target, draft = (str(p) for p in models.pair_checkpoints("qwen2.5-coder", args.dtype, args.cache_dir))
+    warm_ups = max(args.batch)
     if args.prompts:
         questions, grade = read_prompts(args.prompts), None
-        warm_up = WARM_UP
+        warm_up = list(WARM_UPS)
     else:
         from support import problems
 
-        texts, grade = problems.suite(args.suite, args.first, args.num_problems + 1, args.cache_dir)
-        if len(texts) < args.num_problems + 1:
+        texts, grade = problems.suite(args.suite, args.first, args.num_problems + warm_ups, args.cache_dir)
+        if len(texts) < args.num_problems + warm_ups:
             raise ValueError(
                 f"--first={args.first} --num-problems={args.num_problems} is invalid: {args.suite} has "
-                f"{args.first + len(texts)} problems and one past the set is the warm-up"
+                f"{args.first + len(texts)} problems and the {warm_ups} past the set are the warm-ups"
             )
-        questions, warm_up = texts[:-1], texts[-1]
-    ids = chat_prompt_ids(AutoTokenizer.from_pretrained(target), [*questions, warm_up])
+        questions, warm_up = texts[: args.num_problems], texts[args.num_problems :]
+    ids = chat_prompt_ids(AutoTokenizer.from_pretrained(target), [*questions, *warm_up])
     suite = None if args.prompts else args.suite
-    return Workload(suite, args.first, target, draft, args.dtype, questions, ids[:-1], ids[-1], grade)
+    n = len(questions)
+    return Workload(suite, args.first, target, draft, args.dtype, questions, ids[:n], ids[n:], grade)
+
+
+def warm_up_batch(work: Workload, batch: int) -> list[list[int]]:
+    """The prompts of a batch's warm-up: `batch` distinct ones (--prompts' WARM_UPS cycled past 8)."""
+    return [work.warm_up_ids[i % len(work.warm_up_ids)] for i in range(batch)]
 
 
 def read_prompts(path: str) -> list[str]:
@@ -238,7 +259,7 @@ def rotated(rows: Sequence[str], repeat: int) -> list[str]:
 def base_settings(work: Workload, requests: int, max_new_tokens: int, cuda: bool) -> dict:
     """Engine settings every row shares: the target, its dtype, room for `requests` at once."""
     kwargs = engine_kwargs(work.target, cuda)
-    longest = max(len(ids) for ids in [*work.prompt_ids, work.warm_up_ids])
+    longest = max(len(ids) for ids in [*work.prompt_ids, *work.warm_up_ids])
     kwargs.update(dtype=work.dtype, disable_radix_cache=True, max_running_requests=requests)
     if not cuda:
         kwargs["max_total_tokens"] = max(8192, requests * (longest + max_new_tokens + WINDOW_ROOM))
@@ -613,14 +634,14 @@ def measure_row(row: str, cells: list[dict], base: dict, work: Workload, args, c
                 engine = stack.enter_context(server_of(settings, folder, cuda))
             else:
                 engine = stack.enter_context(engine_of(settings))
-            engine.generate(input_ids=work.warm_up_ids, sampling_params=warm)
+            engine.generate(input_ids=work.warm_up_ids[0], sampling_params=warm)
             for cell in cells:
                 if args.open_loop is not None:
                     got = measure_open(engine, work, args, folder)
                 else:
                     if cell["batch"] > 1:
                         short = {**warm, "max_new_tokens": max(args.max_new_tokens // 4, 1)}
-                        engine.generate(input_ids=[work.warm_up_ids] * cell["batch"], sampling_params=short)
+                        engine.generate(input_ids=warm_up_batch(work, cell["batch"]), sampling_params=short)
                     got = measure_closed(engine, work, cell["batch"], args.max_new_tokens)
                 out.append(dict(cell, **got, error=None))
                 progress(

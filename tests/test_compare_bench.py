@@ -89,6 +89,26 @@ def test_defaults_are_problems_no_tuning_used(tmp_path):
     assert compare.parse_args(out).rows == list(compare.ROWS) and compare.parse_args(out).repeats == 3
 
 
+def test_warm_ups_are_distinct_problems_past_the_set(monkeypatch, tmp_path):
+    """A closed batch of B warms up on B distinct problems outside the set, not B copies of one:
+    copies would fill retrieval's corpus and keep rates with copies that keep everything."""
+    import transformers
+    from support import problems
+
+    def suite(name, first, count, cache_dir):  # problem k's text is "q<k>"; the suite ends at 72
+        return [f"q{k}" for k in range(first, min(first + count, 72))], None
+
+    monkeypatch.setattr(problems, "suite", suite)
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", lambda path: None)
+    monkeypatch.setattr(compare, "chat_prompt_ids", lambda tokenizer, texts: [[int(t[1:])] for t in texts])
+    argv = ["--suite", "gsm", "--target", "T", "--draft", "D", "--out", str(tmp_path / "c.jsonl")]
+    work = compare.load_workload(compare.parse_args([*argv, "--num-problems", "8", "--batch", "1", "4"]))
+    assert work.prompt_ids == [[k] for k in range(60, 68)]
+    assert compare.warm_up_batch(work, 1) == [[68]] and compare.warm_up_batch(work, 4) == [[68], [69], [70], [71]]
+    with pytest.raises(ValueError, match="the 8 past the set are the warm-ups"):
+        compare.load_workload(compare.parse_args([*argv, "--num-problems", "8", "--batch", "8"]))
+
+
 def test_open_loop_order_is_sglangs_custom_dataset_order(tmp_path):
     """`custom_order` is the order `sglang.benchmark.serving --dataset-name custom --seed S` sends
     the rows in (what grading its outputs relies on; the run also checks it by prompt length)."""
@@ -401,6 +421,10 @@ def test_bench_on_the_tiny_pair(tiny_pair, cpu_runtime, tmp_path):
     ]
     args = compare.parse_args(argv)
     work = compare.load_workload(args)
+    warm_ups = compare.warm_up_batch(work, 2)
+    assert len({tuple(ids) for ids in warm_ups}) == 2 and not {tuple(ids) for ids in warm_ups} & {
+        tuple(ids) for ids in work.prompt_ids
+    }
     measured = compare.run(args, work, progress=lambda line: None)
     cells = compare.read_cells([str(out)])
     assert cells == json.loads(json.dumps(measured))  # every cell written as measured, in order
