@@ -75,7 +75,9 @@ rate). Cells of several files with the same setup but different problem ranges (
 for that pass. Columns: tokens/s (median over passes), × target-only median (min-max), × the best
 SGLang speculator (PARSE rows; which row that is, by median), tokens per target forward, mean L,
 outputs equal to target-only's (same pass and load, counted over all passes), correct, and with a
-replay column its prediction and prediction / engine. With --replay-trace, the PARSE cells of the
+replay column its prediction and prediction / engine. An open loop's table has the mean latency
+in place of tokens/s and its ratios are of 1 / mean latency (every row serves the same arrivals,
+so its tokens/s is about theirs while it keeps up). With --replay-trace, the PARSE cells of the
 trace's problems have their replay column priced again under --replay-machine (a machine file
 profiled after the run); the other cells keep theirs.
 
@@ -690,8 +692,17 @@ def combine(cells: list[dict]) -> dict:
     joined["tokens_per_target_forward"] = (
         joined["output_tokens"] / joined["target_forwards"] if joined.get("target_forwards") else None
     )
+    if all(c.get("mean_latency_s") is not None and c.get("completed") for c in cells):  # open loops: per request
+        done = sum(c["completed"] for c in cells)
+        joined["mean_latency_s"] = sum(c["mean_latency_s"] * c["completed"] for c in cells) / done
     joined["ranges"] = [(c["first"], c["num_problems"]) for c in cells]
     return joined
+
+
+def speed(cell: dict) -> float:
+    """What a row's ratios compare: tokens/s in closed batches; in an open loop, whose throughput is
+    its arrivals' while the server keeps up, 1 / mean latency."""
+    return 1.0 / cell["mean_latency_s"] if cell["load"] == "open" else cell["tokens_per_s"]
 
 
 def group_cells(cells: list[dict]) -> dict:
@@ -741,7 +752,9 @@ def table_rows(rows: dict) -> list[dict]:
             for r, c in sorted(good.items())
             if r in base and base[r].get("error") is None and base[r]["ranges"] == c["ranges"]
         ]
-        entry["x_target"] = [c["tokens_per_s"] / b["tokens_per_s"] for c, b in paired]
+        entry["x_target"] = [speed(c) / speed(b) for c, b in paired]
+        if cells[0]["load"] == "open":
+            entry["mean_latency_s"] = [c["mean_latency_s"] for c in cells]
         equal = same = 0
         for c, b in paired:
             for key in ("output_ids", "output_texts"):
@@ -766,9 +779,9 @@ def table_rows(rows: dict) -> list[dict]:
                     if r in s and s[r].get("error") is None and s[r]["ranges"] == c["ranges"]
                 }
                 if peers:
-                    top = max(peers, key=lambda n: peers[n]["tokens_per_s"])
+                    top = max(peers, key=lambda n: speed(peers[n]))
                     best[top] = best.get(top, 0) + 1
-                    ratios.append(c["tokens_per_s"] / peers[top]["tokens_per_s"])
+                    ratios.append(speed(c) / speed(peers[top]))
             entry["x_best_sglang"] = ratios
             entry["best_sglang"] = max(best, key=best.get) if best else None
         replay = [c["replay"]["x_target"] for c in cells if c.get("replay") and c["replay"]["x_target"] is not None]
@@ -804,9 +817,10 @@ def markdown(cells: list[dict]) -> str:
     for (suite, dtype, new, load, batch, rate), rows in sorted(group_cells(cells).items(), key=str):
         ranges = sorted({rng for repeats in rows.values() for c in repeats.values() for rng in c["ranges"]})
         problems = ", ".join(f"{f}-{f + n - 1}" for f, n in ranges)
-        shown = f"batch {batch}" if load == "batch" else f"open loop at {rate} requests/s"
+        shown = f"batch {batch}" if load == "batch" else f"open loop at {rate} requests/s (ratios by mean latency)"
         parts.append(f"### {suite or 'prompts'}, {shown} ({dtype}, problems {problems}, at most {new} new tokens)\n")
-        parts.append("| " + " | ".join(TABLE_COLUMNS) + " |\n|" + " --- |" * len(TABLE_COLUMNS))
+        columns = TABLE_COLUMNS if load == "batch" else ("row", "passes", "mean latency s", *TABLE_COLUMNS[3:])
+        parts.append("| " + " | ".join(columns) + " |\n|" + " --- |" * len(columns))
         notes = []
         for e in table_rows(rows):
             if e["error"]:
@@ -819,7 +833,7 @@ def markdown(cells: list[dict]) -> str:
             cells_ = [
                 e["row"],
                 e["passes"],
-                fmt(statistics.median(e["tokens_per_s"])),
+                fmt(statistics.median(e.get("mean_latency_s") or e["tokens_per_s"])),
                 spread(e["x_target"]) if e["row"] != "target_only" else "1.000",
                 spread(e["x_best_sglang"]) if e["x_best_sglang"] else "-",
                 e["best_sglang"] or "-",

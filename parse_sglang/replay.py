@@ -113,24 +113,33 @@ class Trace:
 @dataclass
 class Machine:
     """What a round costs on the replayed machine: a fixed `CostTable` (`profile_cost`'s, or one made
-    from recorded figures) and the draft's catch-up over tokens it missed (fixed + per token)."""
+    from recorded figures) and the draft's catch-up over tokens it missed (fixed + per token).
+    Batch sizes between the table's measured ones: priced at their bucket's (`CostTable.cost`), or
+    with `batch_line` on a line through the two nearest measured sizes (a closed batch drains: its
+    last 5-7 requests' rounds cost less than 8's)."""
 
     table: CostTable
     catch_up_fixed: float = 0.0  # seconds of a catch-up, whatever its length
     catch_up_per_token: float = 0.0  # ... and per token it extends the draft over (summed over the batch)
     source: str = ""  # what was measured and what is interpolated
+    batch_line: bool = False  # between measured batch sizes: a line (True) or the bucket's cost
 
     @classmethod
     def load(cls, path) -> "Machine":
-        """A machine file: {"table": profile_cost's JSON, "catch_up_fixed", "catch_up_per_token", "source"}."""
+        """A machine file: {"table": profile_cost's JSON, "catch_up_fixed", "catch_up_per_token",
+        "batch_sizes": "bucket" (the default) or "line", "source"}."""
         try:
             raw = json.loads(Path(path).read_text())
             table = CostTable.from_json(raw["table"], f"machine {str(path)!r}: its table")
+            between = raw.get("batch_sizes", "bucket")
+            if between not in ("bucket", "line"):
+                raise ValueError(f"machine {str(path)!r} is invalid: batch_sizes={between!r}; allowed: bucket, line")
             return cls(
                 table,
                 float(raw.get("catch_up_fixed", 0.0)),
                 float(raw.get("catch_up_per_token", 0.0)),
                 str(raw.get("source", "")),
+                between == "line",
             )
         except (OSError, KeyError, TypeError) as err:
             raise ValueError(
@@ -141,12 +150,24 @@ class Machine:
     def draft(self, bs: int, length: int) -> float:
         """Seconds of a round's draft part at the draft model's L = `length` (0: a decode round's,
         the host's share before its steps)."""
-        return self.table.cost(bs, drafting(length), length + 1, steps=0)
+        return self._at(bs, lambda b: self.table.cost(b, drafting(length), length + 1, steps=0))
 
     def rest(self, bs: int, length: int, rows: int) -> float:
         """Seconds of one verify pass of `rows` rows a request (and the result to the host) at L = `length`."""
         tier = drafting(length)
-        return self.table.cost(bs, tier, rows, steps=1) - self.table.cost(bs, tier, rows, steps=0)
+        return self._at(bs, lambda b: self.table.cost(b, tier, rows, steps=1) - self.table.cost(b, tier, rows, steps=0))
+
+    def _at(self, bs: int, price: Callable[[int], float]) -> float:
+        """price(bs), or with `batch_line` a line through price at the two measured batch sizes
+        nearest bs (those beside it, else the two at that end)."""
+        sizes = sorted({b for b, _ in self.table.draft} & {b for b, _ in self.table.rest})
+        if not self.batch_line or bs in sizes or len(sizes) < 2:
+            return price(bs)
+        lo = max([b for b in sizes if b < bs], default=sizes[0])
+        hi = min([b for b in sizes if b > bs], default=sizes[-1])
+        if lo == hi:
+            lo, hi = (sizes[0], sizes[1]) if bs < sizes[0] else (sizes[-2], sizes[-1])
+        return max(price(lo) + (price(hi) - price(lo)) * (bs - lo) / (hi - lo), 0.0)
 
     def catch_up(self, tokens: int) -> float:
         return self.catch_up_fixed + self.catch_up_per_token * tokens if tokens else 0.0

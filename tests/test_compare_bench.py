@@ -224,6 +224,38 @@ def test_main_merges_shards(tmp_path, capsys):
     assert "| target_only | 1 | 10.00 | 1.000 |" in capsys.readouterr().out
 
 
+def test_open_loop_rows_are_paired_by_mean_latency():
+    """In an open loop every row serves the same arrivals, so tokens/s is about the arrival rate: a
+    row's ratios are by 1 / mean latency (shards: their requests' mean), and the table says so."""
+
+    def opened(row, repeat, first, latency, completed=2):
+        return {
+            **cell(row, repeat, first, 100, 50.0),
+            "load": "open",
+            "batch": None,
+            "rate": 0.05,
+            "mean_latency_s": latency,
+            "completed": completed,
+        }
+
+    cells = [
+        opened("target_only", 0, 40, 30.0),
+        opened("standalone_8", 0, 40, 20.0),
+        opened("parse_default", 0, 40, 12.0),
+        opened("target_only", 0, 42, 30.0),
+        opened("standalone_8", 0, 42, 20.0),
+        opened("parse_default", 0, 42, 6.0, completed=1),
+    ]
+    (table,) = compare.group_cells(cells).values()
+    assert table["parse_default"][0]["mean_latency_s"] == 10.0  # (12 * 2 + 6) / 3 requests
+    rows = {e["row"]: e for e in compare.table_rows(table)}
+    assert rows["standalone_8"]["x_target"] == [1.5] and rows["parse_default"]["x_target"] == [3.0]
+    assert rows["parse_default"]["x_best_sglang"] == [2.0]  # the same tokens/s: latency alone
+    text = compare.markdown(cells)
+    assert "open loop at 0.05 requests/s (ratios by mean latency)" in text and "| mean latency s |" in text
+    assert "| parse_default | 1 | 10.00 | 3.000 (3.000-3.000) | 2.000 (2.000-2.000) |" in text
+
+
 def test_merge_reprices_the_replay_column_of_the_traces_problems(tmp_path):
     """--merge --replay-trace: PARSE cells of the trace's problems are priced under the machine
     given (a dearer draft predicts less), the others keep their column."""

@@ -17,6 +17,7 @@ from parse_sglang.cost_table import CostTable
 from parse_sglang.draft_length import FixedDraftLength
 from parse_sglang.replay import Machine, Trace, TraceRequest, oracle_seconds, replay, serve
 from parse_sglang.settings import ParseConfig
+from parse_sglang.tools import replay as tools_replay
 
 ROOT = Path(__file__).resolve().parent.parent
 TRACES = sorted((ROOT / "benchmarks" / "traces").glob("*.json"))
@@ -38,6 +39,31 @@ def test_the_machine_is_the_lines_it_was_made_of():
     assert m.draft(1, 8) == pytest.approx(HOST + 9 * DRAFT_STEP) and m.draft(5, 0) == pytest.approx(HOST)
     assert m.rest(1, 8, 9) == pytest.approx(STEP + 9 * ROW) and m.rest(7, 0, 1) == pytest.approx(STEP + ROW)
     assert m.catch_up(0) == 0.0 and m.catch_up(10) == pytest.approx(0.004 + 0.005)
+
+
+def test_a_batch_line_prices_sizes_between_the_measured_ones(tmp_path):
+    """Cells at batch 1 and 8 (and 32): with "batch_sizes": "line" a batch of 5 costs 4/7 of the way
+    from 1's to 8's, 40 the line from 8 on past 32; by default (buckets) 5 costs 8's."""
+    cost = {1: (0.1, 0.2), 8: (0.8, 0.4), 32: (2.4, 1.0)}  # batch -> (draft part at L = 4, verify of 5 rows)
+    table = {
+        "draft": [{"bucket": b, "L": 4, "seconds": d} for b, (d, _) in cost.items()],
+        "rest": [{"bucket": b, "rows": 5, "seconds": r} for b, (_, r) in cost.items()],
+    }
+    path = tmp_path / "m.json"
+    path.write_text(json.dumps({"table": table, "batch_sizes": "line"}))
+    line, buckets = Machine.load(path), Machine(CostTable.from_json(table, "test"))
+    assert line.draft(5, 4) == pytest.approx(0.1 + 0.7 * 4 / 7)
+    assert line.rest(5, 4, 5) == pytest.approx(0.2 + 0.2 * 4 / 7)
+    assert line.draft(8, 4) == pytest.approx(0.8) and line.draft(40, 4) == pytest.approx(0.8 + 1.6 * 32 / 24)
+    assert buckets.draft(5, 4) == pytest.approx(0.8) and buckets.rest(5, 4, 5) == pytest.approx(0.4)
+    path.write_text(json.dumps({"table": table, "batch_sizes": "linear"}))
+    with pytest.raises(ValueError, match="batch_sizes='linear'; allowed: bucket, line"):
+        Machine.load(path)
+    (tmp_path / "t.json").write_text(json.dumps(table))  # the machine command's way to a line
+    made = tmp_path / "made.json"
+    tool = ["machine", "--tables", str(tmp_path / "t.json"), "--catch-up", "0", "0.001", "--source", "test"]
+    assert tools_replay.main([*tool, "--out", str(made), "--batch-sizes", "line"]) == 0
+    assert Machine.load(made).draft(5, 4) == pytest.approx(line.draft(5, 4))
 
 
 def test_a_fixed_L_replays_as_the_trace_arithmetic():

@@ -4,7 +4,7 @@ machine file from `parse_sglang.tools.profile_cost` tables.
     python -m parse_sglang.tools.replay run TRACE.json [...] --machine MACHINE.json [--batches 8 32]
         [--no-one-by-one] [--open-loop F] [--tiers 0 8 32] [--fixed 4 8 16 32] [--no-retrieval] [--json]
     python -m parse_sglang.tools.replay machine --tables COSTS.json [...] --catch-up FIXED_S PER_TOKEN_S
-        --source TEXT --out MACHINE.json
+        --source TEXT --out MACHINE.json [--batch-sizes bucket|line]
 """
 
 from __future__ import annotations
@@ -20,8 +20,11 @@ from parse_sglang.replay import Machine, Trace, replay
 from parse_sglang.settings import ParseConfig
 
 
-def make_machine(tables: Sequence[str], catch_up_fixed: float, catch_up_per_token: float, source: str) -> dict:
-    """A machine file's JSON: `profile_cost` tables merged (a cell in several: the last), the catch-up."""
+def make_machine(
+    tables: Sequence[str], catch_up_fixed: float, catch_up_per_token: float, source: str, batch_sizes: str = "bucket"
+) -> dict:
+    """A machine file's JSON: `profile_cost` tables merged (a cell in several: the last), the catch-up,
+    how batch sizes between the measured ones are priced (`Machine.batch_line`)."""
     merged = CostTable()
     for path in tables:
         table = CostTable.load(path)
@@ -33,6 +36,7 @@ def make_machine(tables: Sequence[str], catch_up_fixed: float, catch_up_per_toke
         "table": merged.to_json(),
         "catch_up_fixed": catch_up_fixed,
         "catch_up_per_token": catch_up_per_token,
+        "batch_sizes": batch_sizes,
     }
 
 
@@ -62,10 +66,16 @@ def main(argv=None) -> int:
     machine.add_argument("--catch-up", type=float, nargs=2, metavar=("FIXED_S", "PER_TOKEN_S"), required=True)
     machine.add_argument("--source", required=True, help="what was measured, where and how")
     machine.add_argument("--out", required=True)
+    machine.add_argument(
+        "--batch-sizes",
+        choices=("bucket", "line"),
+        default="bucket",
+        help="a batch size between measured ones: its bucket's cost, or a line through the two nearest",
+    )
     args = parser.parse_args(argv)
     if args.command == "machine":
         try:
-            made = make_machine(args.tables, *args.catch_up, args.source)
+            made = make_machine(args.tables, *args.catch_up, args.source, args.batch_sizes)
         except ValueError as err:
             parser.error(str(err))
         Path(args.out).write_text(json.dumps(made, indent=1) + "\n")
