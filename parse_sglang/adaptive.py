@@ -142,9 +142,30 @@ class OutputEnds:
         """The mean final length of the finished outputs (a cut one's as it was cut); inf before any."""
         return statistics.fmean(length for length, _ in self.finished) if self.finished else math.inf
 
-    def going(self, output_lens: Sequence[int], horizon: int) -> Optional[torch.Tensor]:
-        """[bs, horizon + 1] P(a running request n tokens out emits its (n + 1 + j)-th token),
-        P(F > n + j) / P(F > n) for n in output_lens; None while no request ended at a stop."""
+    def remaining(self, policies) -> float:
+        """E[tokens the requests (`RequestPolicy`s) still emit]: each one's chance to emit each of
+        the tokens its max_new_tokens leaves it (`going`, summed in closed form over the curve's
+        steps); every token left while no request ended at a stop; inf where one has no limit."""
+        if any(p.left is None for p in policies):
+            return math.inf
+        lefts = torch.tensor([p.left for p in policies], dtype=torch.float64)  # [bs]
+        if (curve := self._survival()) is None:
+            return float(lefts.sum())
+        times, beyond = curve
+        starts = torch.nn.functional.pad(times, (1, 0))  # [T + 1] where each step of P(F > t) begins
+        ends = torch.nn.functional.pad(times, (0, 1), value=math.inf)  # [T + 1]
+        values = torch.nn.functional.pad(beyond, (1, 0), value=1.0)  # [T + 1]
+
+        def area(x: torch.Tensor) -> torch.Tensor:  # [bs] sum of P(F > t) over t < x
+            return ((torch.minimum(x[:, None], ends) - starts).clamp(min=0) * values).sum(dim=1)
+
+        n = torch.tensor([p.output_len for p in policies], dtype=torch.float64)  # [bs]
+        at_n = values[torch.searchsorted(times, n, right=True)]  # [bs] P(F > n)
+        return float(((area(n + lefts) - area(n)) / at_n).sum())
+
+    def _survival(self) -> Optional[tuple]:
+        """(stop lengths [T], P(F > t) at each [T]), made once per change; None while no request
+        ended at a stop."""
         if self._curve is None:
             ends = sorted({length for length, stopped in self.finished if stopped})
             if not ends:
@@ -154,7 +175,14 @@ class OutputEnds:
             stops = ((lengths[:, None] == times) * stopped[:, None]).sum(dim=0)  # [T]
             at_risk = (lengths[:, None] >= times).sum(dim=0) + ENDED_PRIOR  # [T]
             self._curve = (times, torch.cumprod(1 - stops / at_risk, dim=0))
-        times, beyond = self._curve
+        return self._curve
+
+    def going(self, output_lens: Sequence[int], horizon: int) -> Optional[torch.Tensor]:
+        """[bs, horizon + 1] P(a running request n tokens out emits its (n + 1 + j)-th token),
+        P(F > n + j) / P(F > n) for n in output_lens; None while no request ended at a stop."""
+        if (curve := self._survival()) is None:
+            return None
+        times, beyond = curve
         at = torch.tensor(output_lens, dtype=torch.float64)[:, None] + torch.arange(horizon + 1)  # [bs, horizon + 1]
         survival = torch.nn.functional.pad(beyond, (1, 0), value=1.0)[torch.searchsorted(times, at, right=True)]
         return survival / survival[:, :1]
@@ -288,15 +316,17 @@ class AdaptiveDraftLength(DraftLengthPolicy):
                 alive[i, : len(c.tokens) + 1] = torch.tensor(self.copy_keep.alive(c.match, len(c.tokens)))
         return _emitted(alive, policies, k, going)
 
-    def _with_copies(self, tier: Tier, drafted: torch.Tensor, copied: torch.Tensor, copies, bs: int, rows_of, catch_up):
+    def _with_copies(self, tier: Tier, drafted: torch.Tensor, copied: torch.Tensor, copies, bs: int, rows_of, charged):
         """(tokens, seconds, copying) of a round at `tier` (`DECODE`: no draft model) in which each
-        request verifies its copy where that emits more (`drafted`, `copied`: [bs] expected tokens)."""
+        request verifies its copy where that emits more (`drafted`, `copied`: [bs] expected tokens);
+        charged(tier, tokens): the seconds of the catch-up a round of those tokens is charged."""
         copying = (copied > drafted).tolist()
         width = window_length(self.lengths, tier.length, copies, copying)
         cost = self.costs.cost(bs, tier, rows_of(width))
         if cost is None or cost <= 0:
             return None
-        return float(torch.maximum(drafted, copied).sum()), cost + (catch_up if tier.kind == "draft" else 0.0), copying
+        emitted = float(torch.maximum(drafted, copied).sum())
+        return emitted, cost + charged(tier, emitted), copying
 
     def _best_tier(self, reqs, policies, rows_of, steps: int, going: Optional[torch.Tensor]) -> Tier:
         bs = len(reqs)
@@ -304,16 +334,24 @@ class AdaptiveDraftLength(DraftLengthPolicy):
             first = next((t for t in self.tiers if t.kind == "draft"), self.tiers[0])
             return first if first not in self.costs.measured_tiers(bs) else self.tiers[0]
         catch_up = self._catch_up_seconds(sum(state_of(req).draft_behind for req in reqs))
-        per_request, tokens, seconds = {}, {}, {}
+        left = self.ends.remaining(policies)  # tokens the batch is expected to emit still
+        measured = self.costs.measured_tiers(bs)
+
+        def charged(tier: Tier, emitted: float) -> float:  # a switch to drafting, paid off by what is left
+            if tier.kind != "draft":
+                return 0.0
+            return catch_up * min(1.0, emitted / left) if tier in measured else catch_up
+
+        per_request, tokens, seconds, rate = {}, {}, {}, {}
         for tier in self.tiers + self._head:
             cost = self.costs.cost(bs, tier, self._rows(tier, rows_of), steps if tier == DECODE else 1)
             if cost is not None and cost > 0:
                 per_request[tier] = self._expected_tokens(tier, reqs, policies, steps, going)
                 tokens[tier] = float(per_request[tier].sum())
-                seconds[tier] = cost + (catch_up if tier.kind == "draft" else 0.0)
+                seconds[tier] = cost + (catch_up if tier.kind == "draft" else 0.0)  # what a probe risks
+                rate[tier] = tokens[tier] / (cost + charged(tier, tokens[tier]))
         if not tokens:
             return self.tiers[0]
-        rate = {t: tokens[t] / seconds[t] for t in tokens}
         best = max(rate, key=lambda t: (rate[t], t == HEAD, -t.length))  # ties: the head, then the shorter tier
         if self._copies is not None and any(self._copies):  # each drafting tier (and none) with copies
             copied = self._copy_tokens(policies, self._copies, going)
@@ -321,7 +359,7 @@ class AdaptiveDraftLength(DraftLengthPolicy):
             best_rate, copy_tier, copying = rate[best], None, ()
             for tier in [DECODE] + [t for t in self.tiers if t.kind == "draft" and t in per_request]:
                 drafted = per_request[tier] if tier != DECODE else one_pass
-                option = self._with_copies(tier, drafted, copied, self._copies, bs, rows_of, catch_up)
+                option = self._with_copies(tier, drafted, copied, self._copies, bs, rows_of, charged)
                 if option is not None and any(option[2]) and option[0] / option[1] > best_rate:
                     best_rate, copy_tier, copying = option[0] / option[1], tier, option[2]
             if copy_tier is not None:
