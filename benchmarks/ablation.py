@@ -1,7 +1,8 @@
 """The adaptive controller's rules, each taken out in turn, replayed over every trace, machine and load.
 
     python benchmarks/ablation.py [--traces benchmarks/traces/*.json] [--machines benchmarks/machines/*.json]
-        [--loads one_by_one batch:8 batch:32 open:0.5] [--json]
+        [--loads one_by_one batch:8 batch:32 open:0.5] [--only NAME ...] [--noise SIGMA --seeds N]
+        [--warm-up pass|bench] [--json]
 
 `parse_sglang.replay` serves each trace under each machine's costs with the worker's
 `AdaptiveDraftLength` as it is ("full") and with one rule neutralised (`ABLATIONS`: a constant set to
@@ -9,12 +10,17 @@ the value at which the rule never fires, or a method that skips it). A cell is t
 "full" (> 1: the controller does better without the rule). A rule stays where it earns >= 2% on some
 cell without costing >= 1% on another (docs/adaptive.md). A cell's figure is `Served.speed`:
 tokens/s over a closed load, 1 / mean latency over an open one. No clock: every figure is exact.
+--noise SIGMA: each cell under N seeds of a `NoisyMachine` (every priced part times exp(N(0, SIGMA))),
+"full" and each rule taken out under the same seed, and no best fixed L (rules a noiseless replay
+cannot tell apart may differ in what a busy machine's measurements lead them to). --warm-up bench:
+closed batches warmed up and timed as compare.py serves them on an engine (`replay.as_the_bench`).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import json
 import sys
 from pathlib import Path
@@ -22,7 +28,18 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from parse_sglang import adaptive  # noqa: E402
-from parse_sglang.replay import Machine, Trace, arrivals_of, open_rate, policies, replay, serve  # noqa: E402
+from parse_sglang.draft_length import FixedDraftLength  # noqa: E402
+from parse_sglang.replay import (  # noqa: E402
+    Machine,
+    as_the_bench,
+    NoisyMachine,
+    Trace,
+    arrivals_of,
+    open_rate,
+    policies,
+    replay,
+    serve,
+)
 from parse_sglang.settings import ParseConfig  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
@@ -31,6 +48,7 @@ MISSING = object()
 # name -> {adaptive's attribute ("Class.attr" for a class's): the value at which its rule never fires}
 ABLATIONS = {
     "catch-up priced": {"AdaptiveDraftLength._catch_up_seconds": lambda self, tokens: 0.0},
+    "deferred prompts paid off by what is left": {"OutputEnds.remaining": lambda self, policies: 0.0},  # borne whole
     "probes": {"PROBE_OVERHEAD": 0.0},  # after start-up, tier 0 is never left on a probe
     "probe backoff": {"PROBE_BACKOFF_MAX": 1},
     "output ends": {"OutputEnds.going": lambda self, lens, horizon: None},
@@ -55,13 +73,29 @@ def without(overrides: dict):
                 setattr(owner, name, value)
 
 
-def adaptive_speed(trace: Trace, machine: Machine, load: str, config: ParseConfig) -> float:
-    """`replay`'s adaptive figure alone: one warm-up pass, then the scored one."""
-    arrivals, concurrency = arrivals_of(load, len(trace.requests), open_rate(trace, machine, load, config))
+def adaptive_speed(trace: Trace, machine: Machine, load: str, config: ParseConfig, bench: bool = False) -> float:
+    """`replay`'s adaptive figure alone: one warm-up pass, then the scored one; bench: a closed
+    batch warmed up and timed as `compare.py` serves it (`as_the_bench`)."""
     clock = [0.0]
     policy = policies(config, [])["adaptive"](clock)
-    serve(policy, trace, machine, config, arrivals, concurrency, clock)
-    return serve(policy, trace, machine, config, arrivals, concurrency, clock).speed(load)
+    if bench:
+        batch = int(load.split(":")[1])
+        alone, warm, timed = as_the_bench(trace, batch)
+        drafted = serve(policy, alone, machine, config, [0.0], 1, clock).drafted_last
+        drafted = serve(policy, warm, machine, config, [0.0] * batch, batch, clock, drafting=drafted).drafted_last
+        return serve(policy, timed, machine, config, [0.0] * batch, batch, clock, drafting=drafted).speed(load)
+    arrivals, concurrency = arrivals_of(load, len(trace.requests), open_rate(trace, machine, load, config))
+    drafted = serve(policy, trace, machine, config, arrivals, concurrency, clock).drafted_last
+    return serve(policy, trace, machine, config, arrivals, concurrency, clock, drafting=drafted).speed(load)
+
+
+def target_speed(trace: Trace, machine: Machine, load: str, config: ParseConfig, bench: bool = False) -> float:
+    """The target alone's `Served.speed` at the load (bench: over `as_the_bench`'s timed batch)."""
+    if bench:
+        trace = as_the_bench(trace, int(load.split(":")[1]))[2]
+    arrivals, concurrency = arrivals_of(load, len(trace.requests), open_rate(trace, machine, load, config))
+    served = serve(FixedDraftLength(0), trace, machine, config, arrivals, concurrency, target_only=True)
+    return served.speed(load)
 
 
 def main(argv=None) -> int:
@@ -70,8 +104,20 @@ def main(argv=None) -> int:
     parser.add_argument("--machines", nargs="+", default=sorted(str(p) for p in (HERE / "machines").glob("*.json")))
     parser.add_argument("--loads", nargs="+", default=["one_by_one", "batch:8", "batch:32", "open:0.5"])
     parser.add_argument("--only", nargs="*", default=None, help="ablations to run (default: all)")
+    parser.add_argument("--noise", type=float, default=0.0, help="SIGMA of a NoisyMachine (0: exact)")
+    parser.add_argument("--seeds", type=int, default=1, help="seeds of the noise per cell")
+    parser.add_argument(
+        "--warm-up",
+        choices=("pass", "bench"),
+        default="pass",
+        help="closed batches: a pass of the load, or as_the_bench",
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
+    if args.noise < 0 or args.seeds < 1:
+        parser.error(f"--noise={args.noise} --seeds={args.seeds} are invalid: allowed are SIGMA >= 0 and N >= 1")
+    if args.warm_up == "bench" and not all(load.startswith("batch:") for load in args.loads):
+        parser.error(f"--warm-up bench with --loads {args.loads} is invalid: allowed are closed batches (batch:B)")
     config = ParseConfig.from_dict({"adaptive": True})
     names = ["full", *(args.only if args.only is not None else ABLATIONS)]
     rows = []
@@ -79,19 +125,28 @@ def main(argv=None) -> int:
         machine = Machine.load(machine_path)
         for trace_path in args.traces:
             trace = Trace.load(trace_path)
-            for load in args.loads:
+            for load, seed in itertools.product(args.loads, range(args.seeds)):
                 row = {"machine": Path(machine_path).stem, "trace": trace.pair, "load": load}
-                full = replay(trace, machine, load, config, [4, 8, 16, 32], oracle=False)
-                row["full"], row["full_x_best_fixed"] = full["adaptive"]["speed"], full["adaptive_x_best_fixed"]
-                row["full_x_target"] = full["adaptive"]["x_target"]
+                bench = args.warm_up == "bench"
+                # the same draws for each policy
+                priced = lambda: NoisyMachine.of(machine, args.noise, seed) if args.noise else machine  # noqa: E731
+                if args.noise or bench:
+                    row.update(noise=args.noise, seed=seed, warm_up=args.warm_up)
+                    row["full"] = adaptive_speed(trace, priced(), load, config, bench)
+                    row["full_x_target"] = row["full"] / target_speed(trace, priced(), load, config, bench)
+                else:
+                    full = replay(trace, machine, load, config, [4, 8, 16, 32], oracle=False)
+                    row["full"], row["full_x_best_fixed"] = full["adaptive"]["speed"], full["adaptive_x_best_fixed"]
+                    row["full_x_target"] = full["adaptive"]["x_target"]
                 for name in names[1:]:
                     with without(ABLATIONS[name]):
-                        row[name] = adaptive_speed(trace, machine, load, config)
+                        row[name] = adaptive_speed(trace, priced(), load, config, bench)
                 rows.append(row)
                 cells = " ".join(f"{n} {row[n] / row['full']:.3f}" for n in names[1:])
+                fixed = f"{row['full_x_best_fixed']:.3f}x best fixed" if "full_x_best_fixed" in row else f"seed {seed}"
                 line = (
                     f"{row['machine']:>8} {row['trace']:>15} {load:>10} full {row['full_x_target']:.3f}x target "
-                    f"{row['full_x_best_fixed']:.3f}x best fixed | {cells}"
+                    f"{fixed} | {cells}"
                 )
                 print(json.dumps(row) if args.json else line, flush=True)
     if not args.json:

@@ -333,14 +333,20 @@ class AdaptiveDraftLength(DraftLengthPolicy):
         if not self.costs.fixed and not self.costs.explored():  # start-up: measure a drafting tier and tier 0
             first = next((t for t in self.tiers if t.kind == "draft"), self.tiers[0])
             return first if first not in self.costs.measured_tiers(bs) else self.tiers[0]
-        catch_up = self._catch_up_seconds(sum(state_of(req).draft_behind for req in reqs))
+        states = [state_of(req) for req in reqs]
+        behind, deferred = sum(s.draft_behind for s in states), sum(s.draft_deferred for s in states)
+        catch_up = self._catch_up_seconds(behind)
         left = self.ends.remaining(policies)  # tokens the batch is expected to emit still
         measured = self.costs.measured_tiers(bs)
 
-        def charged(tier: Tier, emitted: float) -> float:  # a switch to drafting, paid off by what is left
-            if tier.kind != "draft":
+        def charged(tier: Tier, emitted: float) -> float:
+            """A drafting round's catch-up: whole over what tier-0 rounds committed; over deferred
+            prompts (the draft's prefill, paid late) in the share `emitted` is of what is left, as
+            `prefills_draft` prices a prefill, where the tier is measured at the batch's bucket."""
+            if tier.kind != "draft" or not behind:
                 return 0.0
-            return catch_up * min(1.0, emitted / left) if tier in measured else catch_up
+            late = catch_up * deferred / behind if tier in measured else 0.0
+            return catch_up - late + (late * emitted / left if emitted < left else late)
 
         per_request, tokens, seconds, rate = {}, {}, {}, {}
         for tier in self.tiers + self._head:

@@ -6,7 +6,8 @@ is a function of the committed text: a trace (`benchmarks/trace.py`) holds, at e
 position p, whether the draft's token matches the target's, so a round starting at p with L drafts
 keeps min(run of matches from p, L, what the request may keep). `serve` runs the *same*
 `DraftLengthPolicy` objects the worker runs (`AdaptiveDraftLength` on a simulated clock,
-`FixedDraftLength`) through that arithmetic, each round priced by the `Machine`: no noise at all.
+`FixedDraftLength`) through that arithmetic, each round priced by the `Machine`: no noise, unless a
+`NoisyMachine` adds it.
 
 Loads: a closed batch of B (all arrive at 0), prompts one by one (batch 1, in turn, the server's
 policy state kept between them), an open loop (Poisson arrivals). Against: the target alone
@@ -173,6 +174,33 @@ class Machine:
         return self.catch_up_fixed + self.catch_up_per_token * tokens if tokens else 0.0
 
 
+@dataclass
+class NoisyMachine(Machine):
+    """A `Machine` whose every priced part (a draft part, a verify pass, a catch-up) is multiplied by
+    exp(N(0, sigma)) drawn from `rng`: a busy machine's rounds, as the controller measures them."""
+
+    sigma: float = 0.0
+    rng: random.Random = field(default_factory=random.Random)
+
+    @classmethod
+    def of(cls, machine: Machine, sigma: float, seed: int) -> "NoisyMachine":
+        return cls(
+            **{f: getattr(machine, f) for f in Machine.__dataclass_fields__}, sigma=sigma, rng=random.Random(seed)
+        )
+
+    def _noise(self) -> float:
+        return math.exp(self.rng.gauss(0.0, self.sigma))
+
+    def draft(self, bs: int, length: int) -> float:
+        return super().draft(bs, length) * self._noise()
+
+    def rest(self, bs: int, length: int, rows: int) -> float:
+        return super().rest(bs, length, rows) * self._noise()
+
+    def catch_up(self, tokens: int) -> float:
+        return super().catch_up(tokens) * self._noise()
+
+
 class SimRequest:
     """A request being replayed: what a policy reads of it is its `parse` state (`state_of`), and
     what `Retrieval` reads: `rid`, `origin_input_ids`, `output_ids` (the target's output so far:
@@ -204,6 +232,7 @@ class Served:
     request_rounds: int = 0
     latencies: list = field(default_factory=list)
     copies: list = field(default_factory=list)  # (request index, output position, copy tokens, kept) verified
+    drafted_last: bool = True  # its last round drafted (what the next `serve` starts from: the worker's `_drafting`)
 
     @property
     def tokens_per_s(self) -> float:
@@ -286,16 +315,22 @@ def serve(
     concurrency: int,
     clock: Optional[list] = None,
     target_only: bool = False,
+    drafting: bool = True,
 ) -> Served:
     """Replay the trace's requests (request i arriving at arrivals[i], at most `concurrency` in the
     batch, admitted in order) under `policy`; clock: [seconds], the policy's simulated clock (its
-    `clock` reads clock[0]), shared so that a policy's state runs on across calls. target_only:
-    every round one plain decode step, priced as a 1-row verify (SGLang's own decode). Copies
-    as the module docstring says (`_Copier`)."""
+    `clock` reads clock[0]), shared so that a policy's state runs on across calls; drafting: the
+    server's last round before drafted (a previous call's `Served.drafted_last`: after a round
+    that did not, the worker defers a prefill's draft, `ParseWorker._defers_draft`; a fresh
+    worker's is False, the replay's first call's True). target_only: every round one plain decode step, priced as a 1-row verify (SGLang's own
+    decode). Copies as the module docstring says (`_Copier`)."""
     clock = clock if clock is not None else [0.0]
     start = clock[0] = max(clock[0], min(arrivals))
     waiting = [SimRequest(r, start + a - min(arrivals), i) for i, (r, a) in enumerate(zip(trace.requests, arrivals))]
-    running, served, drafting, last_bs = [], Served(), True, 0
+    running, served, last_bs = [], Served(), 0
+    adaptive = not isinstance(
+        policy, FixedDraftLength
+    )  # (the worker defers a draft's prefill on an adaptive server only)
     copier = _Copier.of(config, trace, target_only)
     rows_of = lambda L: L + 1  # noqa: E731 (lossless: the chain's rows, no probes)
     while waiting or running:
@@ -304,9 +339,9 @@ def serve(
             admitted.append(waiting.pop(0))
         # the worker's `_defers_draft`: after a tier-0 round, or where the joined batch is expected not to draft
         prompts = sum(r.trace.prompt_len for r in admitted)
-        deferred = not drafting or not policy.prefills_draft(last_bs + len(admitted), prompts, rows_of)
+        deferred = adaptive and (not drafting or not policy.prefills_draft(last_bs + len(admitted), prompts, rows_of))
         for req in admitted:
-            state_of(req).draft_behind = req.trace.prompt_len if deferred else 0
+            state_of(req).draft_behind = state_of(req).draft_deferred = req.trace.prompt_len if deferred else 0
             if not deferred and not target_only:  # the draft's prefill beside the target's
                 clock[0] += machine.catch_up_per_token * req.trace.prompt_len
             running.append(req)
@@ -348,7 +383,7 @@ def serve(
                     drafted = min(drafted, stop_at)
                     kept = min(run, drafted)
                 if tier.length:  # the draft caught up over the batch; a copy's tokens it then missed
-                    state_of(r).draft_behind = kept + 1 if used else 0
+                    state_of(r).draft_behind, state_of(r).draft_deferred = (kept + 1 if used else 0), 0
                 else:
                     state_of(r).draft_behind += kept + 1
                 lens.append(drafted)
@@ -358,7 +393,7 @@ def serve(
             window = _Window(_Shape(rows_of(width)), _Plan(torch.tensor(lens), torch.zeros(bs, dtype=torch.bool)))
         if not target_only:
             policy.after_round(running, window, _Result(emitted, lengths), steps if width == 0 else 1)
-        drafting, last_bs = tier != DECODE or isinstance(policy, FixedDraftLength), bs
+        drafting, last_bs = tier.kind == "draft", bs
         served.rounds += 1
         served.request_rounds += bs
         for r, out in zip(running, emitted):
@@ -369,7 +404,7 @@ def serve(
                 r.finished_at = clock[0]
                 served.latencies.append(clock[0] - r.arrival)
         running = [r for r in running if r.finished_at is None]
-    served.seconds = clock[0] - start
+    served.seconds, served.drafted_last = clock[0] - start, drafting
     return served
 
 
@@ -401,6 +436,30 @@ def oracle_seconds(
         H[p] = min(tier0(k) + c1 * k + (c0 if k else 0.0) + D[p + k] for k in range(0, left))
         F[p] = min(tier0(left), H[p])
     return min(tier0(T), c1 * req.prompt_len + F[0])  # the draft's prefill now, or never (deferring it costs c0 more)
+
+
+def as_the_bench(trace: Trace, batch: int) -> tuple[Trace, Trace, Trace]:
+    """(alone, warm-up, timed): a closed batch of `batch` served as `benchmarks/compare.py` serves
+    it on an engine, first one warm-up prompt alone, then `batch` others cut at a quarter of
+    max_new_tokens (censored there), then the timed batch: here the trace's first `batch` requests
+    timed and its last `batch` + 1 the warm-ups."""
+    if len(trace.requests) < 2 * batch + 1:
+        raise ValueError(
+            f"trace {trace.pair!r} has {len(trace.requests)} requests: a bench's batch of {batch} needs {2 * batch + 1}"
+        )
+    q = max(trace.max_new_tokens // 4, 1)
+    cut = [
+        replace(
+            r,
+            match=r.match[:q],
+            confidence=r.confidence[:q],
+            stopped=r.stopped and len(r.match) <= q,
+            output_ids=r.output_ids[:q] if r.output_ids is not None else None,
+        )
+        for r in trace.requests[-batch:]
+    ]
+    alone = replace(trace, requests=[trace.requests[-batch - 1]])
+    return alone, replace(trace, max_new_tokens=q, requests=cut), replace(trace, requests=trace.requests[:batch])
 
 
 def arrivals_of(load: str, count: int, rate: float = 0.0, seed: int = 0) -> tuple[list, int]:
@@ -469,13 +528,13 @@ def replay(
             if name == "adaptive"
             else ParseConfig.from_dict({"adaptive": False, "draft_budget": int(name.split()[1])}, base=config)
         )
-        policy = make(clock)
+        policy, drafted = make(clock), True
         if first_alone:
             alone = replace(trace, requests=trace.requests[:1])
-            serve(policy, alone, machine, cfg, [0.0], 1, clock)
+            drafted = serve(policy, alone, machine, cfg, [0.0], 1, clock).drafted_last
         for _ in range(warm_up):  # as the benchmarks time a server: after warm-up runs of the same load
-            serve(policy, trace, machine, cfg, arrivals, concurrency, clock)
-        got = serve(policy, trace, machine, cfg, arrivals, concurrency, clock)
+            drafted = serve(policy, trace, machine, cfg, arrivals, concurrency, clock, drafting=drafted).drafted_last
+        got = serve(policy, trace, machine, cfg, arrivals, concurrency, clock, drafting=drafted)
         row[name] = {
             "speed": got.speed(load),
             "x_target": got.speed(load) / target.speed(load),

@@ -12,10 +12,20 @@ from pathlib import Path
 
 import pytest
 
-from parse_sglang.adaptive import AdaptiveDraftLength
+from parse_sglang import replay as replay_module
+from parse_sglang.adaptive import AdaptiveDraftLength, OutputEnds
 from parse_sglang.cost_table import CostTable
 from parse_sglang.draft_length import FixedDraftLength
-from parse_sglang.replay import Machine, Trace, TraceRequest, oracle_seconds, replay, serve
+from parse_sglang.replay import (
+    Machine,
+    NoisyMachine,
+    Trace,
+    TraceRequest,
+    as_the_bench,
+    oracle_seconds,
+    replay,
+    serve,
+)
 from parse_sglang.settings import ParseConfig
 from parse_sglang.tools import replay as tools_replay
 
@@ -183,15 +193,49 @@ def test_where_the_draft_does_not_pay_the_controller_keeps_the_targets_speed(pai
     """The real pair at batch 32 on the development CPU (`cpu-qwen`), where drafting about breaks
     even: after a warm-up pass the package's controller serves the trace at >= 0.97 of the target
     alone. Negative control: with the draft prefilled for every admitted request
-    (`prefills_draft` always true) it pays those prefills and falls below 0.97 on HumanEval."""
+    (`prefills_draft` always true, and every pass as after a drafting round) it pays those
+    prefills and falls below 0.97 on HumanEval."""
     trace = Trace.load(ROOT / "benchmarks" / "traces" / f"{pair}.json")
     machine, config = Machine.load(ROOT / "benchmarks" / "machines" / "cpu-qwen.json"), ParseConfig()
     row = replay(trace, machine, "batch:32", config, [8], oracle=False)
     assert row["adaptive"]["x_target"] >= 0.97, row
     if pair == "qwen-humaneval":
         monkeypatch.setattr(AdaptiveDraftLength, "prefills_draft", lambda self, *args: True)
+        monkeypatch.setattr(replay_module, "serve", lambda *args, **kw: serve(*args, **{**kw, "drafting": True}))
         row = replay(trace, machine, "batch:32", config, [8], oracle=False)
         assert row["adaptive"]["x_target"] < 0.97, row
+
+
+def test_a_batch_warmed_up_as_the_bench_drafts_though_its_prompts_wait_on_the_warm_ups_last_round(monkeypatch):
+    """GSM in a closed batch of 8 on the real pair's costs (`cpu-qwen-ctx288`), warmed up as
+    compare.py warms an engine (`as_the_bench`), each round's costs noisy (`NoisyMachine`, sigma
+    0.2, seeds 0-5): where the warm-up's last round did not draft, the batch's draft prefills are
+    deferred (the worker's `_defers_draft`, carried from pass to pass by `Served.drafted_last`),
+    and the batch drafts all the same (>= 1.15x the target alone every seed). Negative control:
+    a deferred prompt's catch-up borne whole by the round that pays it (`OutputEnds.remaining`
+    nothing), some seed never drafts (< 1.0x), as an engine did (0.92x)."""
+    trace = Trace.load(ROOT / "benchmarks" / "traces" / "qwen-gsm.json")
+    machine, config = Machine.load(ROOT / "benchmarks" / "machines" / "cpu-qwen-ctx288.json"), ParseConfig()
+    alone, warm, timed = as_the_bench(trace, 8)
+    assert [len(r.match) for r in warm.requests] == [64] * 8 and timed.requests == trace.requests[:8]
+
+    def speeds() -> list[float]:
+        got = []
+        for seed in range(6):
+            clock, priced = [0.0], NoisyMachine.of(machine, 0.2, seed)
+            policy = AdaptiveDraftLength(config.tiers, CostTable(), clock=lambda: clock[0])
+            drafted = serve(policy, alone, priced, config, [0.0], 1, clock).drafted_last
+            drafted = serve(policy, warm, priced, config, [0.0] * 8, 8, clock, drafting=drafted).drafted_last
+            served = serve(policy, timed, priced, config, [0.0] * 8, 8, clock, drafting=drafted)
+            target = serve(
+                FixedDraftLength(0), timed, NoisyMachine.of(machine, 0.2, seed), config, [0.0] * 8, 8, target_only=True
+            )
+            got.append(served.tokens_per_s / target.tokens_per_s)
+        return got
+
+    assert min(speeds()) >= 1.15
+    monkeypatch.setattr(OutputEnds, "remaining", lambda self, policies: 0.0)
+    assert min(speeds()) < 1.0
 
 
 def test_a_first_request_alone_lets_a_batch_price_copies():
