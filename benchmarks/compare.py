@@ -146,6 +146,13 @@ SETUP = ("suite", "first", "num_problems", "max_new_tokens", "dtype", "target", 
 DEFAULT_MACHINE = HERE / "machines" / "cpu-qwen.json"
 
 
+def in_repo(path: str) -> str:
+    """A file's path as a cell records it: relative to the checkout where it lies in it (no
+    machine's paths in committed cells), else as given."""
+    resolved = Path(path).resolve()
+    return str(resolved.relative_to(HERE.parent)) if resolved.is_relative_to(HERE.parent) else str(path)
+
+
 @dataclasses.dataclass
 class Workload:
     """What every row serves: the pair, the prompts (chat-templated ids), the warm-up prompts, a grader."""
@@ -472,7 +479,7 @@ class ReplayColumn:
                 f"cells' problems, recorded with {record}"
             )
         self.trace, self.machine = Trace.load(trace_path), Machine.load(machine_path)
-        self.paths, self.cache = {"trace": trace_path, "machine": machine_path}, {}
+        self.paths, self.cache = {"trace": in_repo(trace_path), "machine": in_repo(machine_path)}, {}
 
     def predict(self, row: str, fixed_L: int, batch: int | None, rate: float | None) -> dict | None:
         if row not in PARSE_ROWS:

@@ -258,7 +258,8 @@ def test_open_loop_rows_are_paired_by_mean_latency():
 
 def test_merge_reprices_the_replay_column_of_the_traces_problems(tmp_path):
     """--merge --replay-trace: PARSE cells of the trace's problems are priced under the machine
-    given (a dearer draft predicts less), the others keep their column."""
+    given (a dearer draft predicts less), the others keep their column; a cell names the files in
+    the checkout by their path in it (no machine's paths in committed cells), others as given."""
     trace = compare.HERE / "traces" / "qwen-humaneval-40x8.json"
     machine = json.loads(compare.DEFAULT_MACHINE.read_text())
     for cell_ in machine["table"]["draft"]:
@@ -274,7 +275,9 @@ def test_merge_reprices_the_replay_column_of_the_traces_problems(tmp_path):
     own = compare.repriced(cells, str(trace), str(compare.DEFAULT_MACHINE))
     priced = compare.repriced(cells, str(trace), str(dearer))
     assert own[0]["replay"] is None and priced[2]["replay"] is None
-    assert own[1]["replay"]["machine"] == str(compare.DEFAULT_MACHINE) and priced[1]["replay"]["machine"] == str(dearer)
+    assert own[1]["replay"]["machine"] == "benchmarks/machines/cpu-qwen.json"
+    assert own[1]["replay"]["trace"] == "benchmarks/traces/qwen-humaneval-40x8.json"
+    assert priced[1]["replay"]["machine"] == str(dearer)
     assert own[1]["replay"]["load"] == "batch:8" and own[1]["replay"]["policy"] == "fixed 8"
     assert 0 < priced[1]["replay"]["x_target"] < own[1]["replay"]["x_target"]
     assert cells[1]["replay"] is None  # copies, not the cells given
