@@ -336,7 +336,7 @@ class AdaptiveDraftLength(DraftLengthPolicy):
         states = [state_of(req) for req in reqs]
         behind, deferred = sum(s.draft_behind for s in states), sum(s.draft_deferred for s in states)
         catch_up = self._catch_up_seconds(behind)
-        left = self.ends.remaining(policies)  # tokens the batch is expected to emit still
+        left = self.ends.remaining(policies) if deferred else math.inf  # tokens the batch is expected to emit still
         measured = self.costs.measured_tiers(bs)
 
         def charged(tier: Tier, emitted: float) -> float:
