@@ -39,6 +39,7 @@ from parse_sglang.replay import (  # noqa: E402
     policies,
     replay,
     serve,
+    serve_as_the_bench,
 )
 from parse_sglang.settings import ParseConfig  # noqa: E402
 
@@ -79,11 +80,7 @@ def adaptive_speed(trace: Trace, machine: Machine, load: str, config: ParseConfi
     clock = [0.0]
     policy = policies(config, [])["adaptive"](clock)
     if bench:
-        batch = int(load.split(":")[1])
-        alone, warm, timed = as_the_bench(trace, batch)
-        drafted = serve(policy, alone, machine, config, [0.0], 1, clock).drafted_last
-        drafted = serve(policy, warm, machine, config, [0.0] * batch, batch, clock, drafting=drafted).drafted_last
-        return serve(policy, timed, machine, config, [0.0] * batch, batch, clock, drafting=drafted).speed(load)
+        return serve_as_the_bench(policy, trace, machine, config, int(load.split(":")[1]), clock).speed(load)
     arrivals, concurrency = arrivals_of(load, len(trace.requests), open_rate(trace, machine, load, config))
     drafted = serve(policy, trace, machine, config, arrivals, concurrency, clock).drafted_last
     return serve(policy, trace, machine, config, arrivals, concurrency, clock, drafting=drafted).speed(load)

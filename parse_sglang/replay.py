@@ -322,15 +322,15 @@ def serve(
     `clock` reads clock[0]), shared so that a policy's state runs on across calls; drafting: the
     server's last round before drafted (a previous call's `Served.drafted_last`: after a round
     that did not, the worker defers a prefill's draft, `ParseWorker._defers_draft`; a fresh
-    worker's is False, the replay's first call's True). target_only: every round one plain decode step, priced as a 1-row verify (SGLang's own
-    decode). Copies as the module docstring says (`_Copier`)."""
+    worker's is False, the replay's first call's True). target_only: every round one plain
+    decode step, priced as a 1-row verify (SGLang's own decode). Copies as the module docstring
+    says (`_Copier`)."""
     clock = clock if clock is not None else [0.0]
     start = clock[0] = max(clock[0], min(arrivals))
     waiting = [SimRequest(r, start + a - min(arrivals), i) for i, (r, a) in enumerate(zip(trace.requests, arrivals))]
     running, served, last_bs = [], Served(), 0
-    adaptive = not isinstance(
-        policy, FixedDraftLength
-    )  # (the worker defers a draft's prefill on an adaptive server only)
+    # the worker defers a draft's prefill on an adaptive server only
+    adaptive = not isinstance(policy, FixedDraftLength)
     copier = _Copier.of(config, trace, target_only)
     rows_of = lambda L: L + 1  # noqa: E731 (lossless: the chain's rows, no probes)
     while waiting or running:
@@ -460,6 +460,17 @@ def as_the_bench(trace: Trace, batch: int) -> tuple[Trace, Trace, Trace]:
     ]
     alone = replace(trace, requests=[trace.requests[-batch - 1]])
     return alone, replace(trace, max_new_tokens=q, requests=cut), replace(trace, requests=trace.requests[:batch])
+
+
+def serve_as_the_bench(
+    policy: DraftLengthPolicy, trace: Trace, machine: Machine, config: ParseConfig, batch: int, clock: list
+) -> Served:
+    """The timed batch of `as_the_bench`, served after its warm-ups by the same policy and clock,
+    the worker's deferral carried from each to the next (`Served.drafted_last`)."""
+    alone, warm, timed = as_the_bench(trace, batch)
+    drafted = serve(policy, alone, machine, config, [0.0], 1, clock).drafted_last
+    drafted = serve(policy, warm, machine, config, [0.0] * batch, batch, clock, drafting=drafted).drafted_last
+    return serve(policy, timed, machine, config, [0.0] * batch, batch, clock, drafting=drafted)
 
 
 def arrivals_of(load: str, count: int, rate: float = 0.0, seed: int = 0) -> tuple[list, int]:

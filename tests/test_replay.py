@@ -25,6 +25,7 @@ from parse_sglang.replay import (
     oracle_seconds,
     replay,
     serve,
+    serve_as_the_bench,
 )
 from parse_sglang.settings import ParseConfig
 from parse_sglang.tools import replay as tools_replay
@@ -224,9 +225,7 @@ def test_a_batch_warmed_up_as_the_bench_drafts_though_its_prompts_wait_on_the_wa
         for seed in range(6):
             clock, priced = [0.0], NoisyMachine.of(machine, 0.2, seed)
             policy = AdaptiveDraftLength(config.tiers, CostTable(), clock=lambda: clock[0])
-            drafted = serve(policy, alone, priced, config, [0.0], 1, clock).drafted_last
-            drafted = serve(policy, warm, priced, config, [0.0] * 8, 8, clock, drafting=drafted).drafted_last
-            served = serve(policy, timed, priced, config, [0.0] * 8, 8, clock, drafting=drafted)
+            served = serve_as_the_bench(policy, trace, priced, config, 8, clock)
             target = serve(
                 FixedDraftLength(0), timed, NoisyMachine.of(machine, 0.2, seed), config, [0.0] * 8, 8, target_only=True
             )
