@@ -33,10 +33,11 @@ def test_the_timed_batch_is_the_last_prefill_of_the_largest_batch_to_its_last_re
     assert summary["ab"] == {"AB.argmax_differs:8": [1, 1], "AB.decode:8": [1, 0.2], "AB.verify:8": [1, 0.25]}
 
 
-def test_processes_without_a_scheduler_are_left_out(tmp_path):
+def test_processes_without_a_scheduler_and_other_files_are_left_out(tmp_path):
     (tmp_path / "1.jsonl").write_text("".join(json.dumps(e) + "\n" for e in WARM_UP[1:2]))
     sglang = [e for e in WARM_UP + TIMED if not e[2].startswith("ParseWorker.")]
     (tmp_path / "2.jsonl").write_text("".join(json.dumps(e) + "\n" for e in sglang))
+    (tmp_path / "cells.jsonl").write_text(json.dumps({"row": "target_only"}) + "\n")  # a bench's --out beside them
     out = tmp_path / "summary.json"
     assert main([str(tmp_path), "--out", str(out)]) == 0
     (only,) = json.loads(out.read_text())

@@ -55,7 +55,9 @@ def main(argv=None) -> int:
     parser.add_argument("dir", type=Path)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
-    summaries = [s for p in sorted(args.dir.glob("*.jsonl")) if (s := summarize(read_events(p))) is not None]
+    # PID.jsonl are the probe's; a bench's --out cells may sit beside them
+    runs = sorted(p for p in args.dir.glob("*.jsonl") if p.stem.isdigit())
+    summaries = [s for p in runs if (s := summarize(read_events(p))) is not None]
     text = json.dumps(summaries, indent=1)
     print(text)
     if args.out:
