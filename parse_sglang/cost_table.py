@@ -21,7 +21,7 @@ def bucket(batch_size: int) -> int:
     return 1 << max(batch_size - 1, 0).bit_length()
 
 
-def _interpolate(points: dict[int, float], x: int) -> Optional[float]:
+def interpolate(points: dict[float, float], x: float) -> Optional[float]:
     """Piecewise-linear through measured (x, y) points, extended linearly past the ends (at
     least 0); None without two points unless x itself was measured."""
     if x in points:
@@ -55,12 +55,12 @@ def _estimate(points_of, x: int, nearest: list) -> Optional[float]:
     own = points_of(nearest[0])
     for b in nearest:
         points = points_of(b)
-        value = _interpolate(points, x)
+        value = interpolate(points, x)
         if value is None:
             continue
         if b != nearest[0] and len(own) == 1:
             ((x0, y0),) = own.items()
-            reference = _interpolate(points, x0)
+            reference = interpolate(points, x0)
             if reference:
                 value *= y0 / reference
         elif not own:
@@ -122,7 +122,7 @@ class CostTable:
         )
         if tier == HEAD:
             for bb in sorted(self.head, key=lambda bb: (abs(bb.bit_length() - b.bit_length()), bb)):
-                rest = _interpolate(self._rest_points(bb), rows)
+                rest = interpolate(self._rest_points(bb), rows)
                 if rest is not None:
                     head = self.head[bb]
                     return (head + rest) * _scaled_down(b, bb)

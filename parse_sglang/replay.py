@@ -37,7 +37,7 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
-from parse_sglang.cost_table import CostTable
+from parse_sglang.cost_table import CostTable, interpolate
 from parse_sglang.draft_length import DECODE, DraftLengthPolicy, FixedDraftLength, drafting
 from parse_sglang.request_state import RequestPolicy, state_of
 from parse_sglang.retrieval import Copy, Retrieval, copy_budgets, window_length
@@ -117,58 +117,79 @@ class Machine:
     from recorded figures) and the draft's catch-up over tokens it missed (fixed + per token).
     Batch sizes between the table's measured ones: priced at their bucket's (`CostTable.cost`), or
     with `batch_line` on a line through the two nearest measured sizes (a closed batch drains: its
-    last 5-7 requests' rounds cost less than 8's)."""
+    last 5-7 requests' rounds cost less than 8's). Contexts: with `contexts` (tables profiled at two
+    or more context lengths) a round is priced on a line in its requests' mean context through
+    the two nearest (on this CPU a verify of 9 rows for 8 requests costs 0.37 s at a ~40-token
+    context, 0.90 s at 288); without, `table` prices every context."""
 
     table: CostTable
     catch_up_fixed: float = 0.0  # seconds of a catch-up, whatever its length
     catch_up_per_token: float = 0.0  # ... and per token it extends the draft over (summed over the batch)
     source: str = ""  # what was measured and what is interpolated
     batch_line: bool = False  # between measured batch sizes: a line (True) or the bucket's cost
+    contexts: dict = field(
+        default_factory=dict
+    )  # {context tokens a request: CostTable profiled there} (`table` one of them)
 
     @classmethod
     def load(cls, path) -> "Machine":
-        """A machine file: {"table": profile_cost's JSON, "catch_up_fixed", "catch_up_per_token",
+        """A machine file: {"table": profile_cost's JSON, or "tables": [{"context_tokens": N, "table":
+        profile_cost's JSON at N}, ...] (two or more), "catch_up_fixed", "catch_up_per_token",
         "batch_sizes": "bucket" (the default) or "line", "source"}."""
         try:
             raw = json.loads(Path(path).read_text())
-            table = CostTable.from_json(raw["table"], f"machine {str(path)!r}: its table")
+            where = f"machine {str(path)!r}"
+            contexts = {
+                int(t["context_tokens"]): CostTable.from_json(
+                    t["table"], f"{where}: its table at {t['context_tokens']}"
+                )
+                for t in raw.get("tables", ())
+            }
+            if "tables" in raw and len(contexts) < 2:
+                raise ValueError(f"{where} is invalid: tables holds {len(contexts)} context; allowed: two or more")
+            table = contexts[min(contexts)] if contexts else CostTable.from_json(raw["table"], f"{where}: its table")
             between = raw.get("batch_sizes", "bucket")
             if between not in ("bucket", "line"):
-                raise ValueError(f"machine {str(path)!r} is invalid: batch_sizes={between!r}; allowed: bucket, line")
+                raise ValueError(f"{where} is invalid: batch_sizes={between!r}; allowed: bucket, line")
             return cls(
                 table,
                 float(raw.get("catch_up_fixed", 0.0)),
                 float(raw.get("catch_up_per_token", 0.0)),
                 str(raw.get("source", "")),
                 between == "line",
+                contexts,
             )
         except (OSError, KeyError, TypeError) as err:
             raise ValueError(
                 f"machine {str(path)!r} is invalid ({type(err).__name__}: {err}): allowed is JSON with "
-                '"table" (profile_cost\'s), "catch_up_fixed", "catch_up_per_token"'
+                '"table" (profile_cost\'s) or "tables" ([{"context_tokens", "table"}, ...]), "catch_up_fixed", '
+                '"catch_up_per_token"'
             ) from None
 
-    def draft(self, bs: int, length: int) -> float:
+    def draft(self, bs: int, length: int, context: Optional[float] = None) -> float:
         """Seconds of a round's draft part at the draft model's L = `length` (0: a decode round's,
-        the host's share before its steps)."""
-        return self._at(bs, lambda b: self.table.cost(b, drafting(length), length + 1, steps=0))
+        the host's share before its steps), its requests at `context` tokens on average (None: `table`'s)."""
+        return self._at(bs, context, lambda t, b: t.cost(b, drafting(length), length + 1, steps=0))
 
-    def rest(self, bs: int, length: int, rows: int) -> float:
+    def rest(self, bs: int, length: int, rows: int, context: Optional[float] = None) -> float:
         """Seconds of one verify pass of `rows` rows a request (and the result to the host) at L = `length`."""
         tier = drafting(length)
-        return self._at(bs, lambda b: self.table.cost(b, tier, rows, steps=1) - self.table.cost(b, tier, rows, steps=0))
+        return self._at(bs, context, lambda t, b: t.cost(b, tier, rows, steps=1) - t.cost(b, tier, rows, steps=0))
 
-    def _at(self, bs: int, price: Callable[[int], float]) -> float:
-        """price(bs), or with `batch_line` a line through price at the two measured batch sizes
-        nearest bs (those beside it, else the two at that end)."""
-        sizes = sorted({b for b, _ in self.table.draft} & {b for b, _ in self.table.rest})
-        if not self.batch_line or bs in sizes or len(sizes) < 2:
-            return price(bs)
-        lo = max([b for b in sizes if b < bs], default=sizes[0])
-        hi = min([b for b in sizes if b > bs], default=sizes[-1])
-        if lo == hi:
-            lo, hi = (sizes[0], sizes[1]) if bs < sizes[0] else (sizes[-2], sizes[-1])
-        return max(price(lo) + (price(hi) - price(lo)) * (bs - lo) / (hi - lo), 0.0)
+    def _at(self, bs: int, context: Optional[float], price: Callable[[CostTable, int], float]) -> float:
+        """price(table, bs) on a line in the context through the `contexts` profiled (`table` alone
+        where there are none or context is None), each with `batch_line` a line through the
+        measured batch sizes (those beside bs, else the two at that end)."""
+
+        def at_batch(table: CostTable) -> float:
+            sizes = {b for b, _ in table.draft} & {b for b, _ in table.rest}
+            if not self.batch_line or len(sizes) < 2:
+                return price(table, bs)
+            return interpolate({b: price(table, b) for b in sizes}, bs)
+
+        if context is None or len(self.contexts) < 2:
+            return at_batch(self.table)
+        return interpolate({c: at_batch(t) for c, t in self.contexts.items()}, context)
 
     def catch_up(self, tokens: int) -> float:
         return self.catch_up_fixed + self.catch_up_per_token * tokens if tokens else 0.0
@@ -191,11 +212,11 @@ class NoisyMachine(Machine):
     def _noise(self) -> float:
         return math.exp(self.rng.gauss(0.0, self.sigma))
 
-    def draft(self, bs: int, length: int) -> float:
-        return super().draft(bs, length) * self._noise()
+    def draft(self, bs: int, length: int, context: Optional[float] = None) -> float:
+        return super().draft(bs, length, context) * self._noise()
 
-    def rest(self, bs: int, length: int, rows: int) -> float:
-        return super().rest(bs, length, rows) * self._noise()
+    def rest(self, bs: int, length: int, rows: int, context: Optional[float] = None) -> float:
+        return super().rest(bs, length, rows, context) * self._noise()
 
     def catch_up(self, tokens: int) -> float:
         return super().catch_up(tokens) * self._noise()
@@ -349,6 +370,9 @@ def serve(
             clock[0] = waiting[0].arrival
             continue
         bs, policies = len(running), [_policy(r, config, trace.max_new_tokens) for r in running]
+        context = (
+            sum(r.trace.prompt_len + r.n for r in running) / bs
+        )  # tokens a request attends to (`Machine.contexts`)
         longest = max(p.left for p in policies)
         steps = max(min(config.tier0_steps, config.draft_budget + 1, longest), 1)
         copies = copier.propose(running, policies) if copier else None
@@ -359,18 +383,18 @@ def serve(
             if target_only:
                 steps = 1
             else:
-                clock[0] += machine.draft(bs, 0)
+                clock[0] += machine.draft(bs, 0, context)
             policy.drafts_on_host(0)  # (the worker's first step plans its window: the round's host part ends)
-            clock[0] += steps * machine.rest(bs, 0, 1)
+            clock[0] += steps * machine.rest(bs, 0, 1, context)
             emitted = [[_token(r, r.n + j) for j in range(steps)] for r in running]
             lengths, window = [steps - 1] * bs, _Window(_Shape(1), None)
             for r in running:
                 state_of(r).draft_behind += steps
         else:  # one verify of `width` rows: the draft model's L = tier.length drafts (none at tier 0), copies
             behind = sum(state_of(r).draft_behind for r in running) if tier.length else 0
-            clock[0] += machine.draft(bs, tier.length) + machine.catch_up(behind)
+            clock[0] += machine.draft(bs, tier.length, context) + machine.catch_up(behind)
             policy.drafts_on_host(behind)
-            clock[0] += machine.rest(bs, tier.length, rows_of(width))
+            clock[0] += machine.rest(bs, tier.length, rows_of(width), context)
             lens, lengths, emitted = [], [], []
             for r, p, copy, used in zip(running, policies, copies or [None] * bs, copying):
                 if used:
@@ -412,19 +436,22 @@ def oracle_seconds(
     req: TraceRequest, machine: Machine, config: ParseConfig, lengths: Sequence[int], max_new: int
 ) -> float:
     """The least seconds any sequence of rounds at batch 1 serves `req` in after its prompt (the
-    draft's prefill of it priced as a catch-up without the fixed part, as `serve` does): tier-0 rounds of 1..tier0_steps steps, drafting rounds of any L in
-    `lengths` (with the catch-up over what the draft missed). Exact dynamic programming: a
+    draft's prefill of it priced as a catch-up without the fixed part, as `serve` does): tier-0
+    rounds of 1..tier0_steps steps, drafting rounds of any L in `lengths` (with the catch-up over
+    what the draft missed), every round priced at the request's mean context (its prompt and
+    half its output). Exact dynamic programming: a
     catch-up is fixed + per token, so from position p with the draft b tokens behind the best is
     min(Z(p), fixed + per_token * b + H(p)) (b > 0), Z: tier 0 to the end, H: the best whose next
     drafting round comes after k more tier-0 tokens (each then caught up too)."""
     T, S = len(req.match), config.tier0_steps
-    step, draft0 = machine.rest(1, 0, 1), machine.draft(1, 0)
+    context = req.prompt_len + T / 2
+    step, draft0 = machine.rest(1, 0, 1, context), machine.draft(1, 0, context)
     c0, c1 = machine.catch_up_fixed, machine.catch_up_per_token
 
     def tier0(k: int) -> float:  # k tokens in the fewest rounds of at most S steps
         return math.ceil(k / S) * draft0 + k * step
 
-    drafting = {L: machine.draft(1, L) + machine.rest(1, L, L + 1) for L in lengths if L > 0}
+    drafting = {L: machine.draft(1, L, context) + machine.rest(1, L, L + 1, context) for L in lengths if L > 0}
     F = [0.0] * (T + 1)  # the best from p with the draft caught up
     H = [0.0] * (T + 1)  # the best from p whose next round after k >= 0 tier-0 tokens drafts
     D = [math.inf] * (T + 1)

@@ -77,6 +77,36 @@ def test_a_batch_line_prices_sizes_between_the_measured_ones(tmp_path):
     assert Machine.load(made).draft(5, 4) == pytest.approx(line.draft(5, 4))
 
 
+def test_a_machine_of_two_contexts_prices_each_round_at_its_requests_mean_context(tmp_path):
+    """Tables profiled at 100 and 300 tokens of context, every cell of the second twice the
+    first's: a round at 200 costs 1.5x, at 500 3x (the line past the end), with no context the
+    first's; a target-alone request of prompt 100 and 4 tokens pays its steps at 100, 101, 102, 103."""
+    paths = []
+    for context, scale in ((100, 1.0), (300, 2.0)):
+        table = {
+            "draft": [{"bucket": 1, "L": 0, "seconds": 0.0}, {"bucket": 1, "L": 4, "seconds": 0.1 * scale}],
+            "rest": [{"bucket": 1, "rows": r, "seconds": s * scale} for r, s in ((1, 0.01), (5, 0.2))],
+        }
+        paths.append(tmp_path / f"t{context}.json")
+        paths[-1].write_text(json.dumps(table))
+    made = tmp_path / "m.json"
+    tool = ["machine", "--tables", *map(str, paths), "--catch-up", "0", "0", "--source", "test", "--out", str(made)]
+    assert tools_replay.main([*tool, "--context-tokens", "100", "300"]) == 0
+    m = Machine.load(made)
+    assert m.draft(1, 4, 200) == pytest.approx(0.15) and m.rest(1, 4, 5, 500) == pytest.approx(0.6)
+    assert m.draft(1, 4) == pytest.approx(0.1) and m.rest(1, 0, 1, 100) == pytest.approx(0.01)
+    req = TraceRequest(prompt_len=100, match="1111", confidence=(900,) * 4, stopped=False)
+    target = serve(FixedDraftLength(0), Trace("t", 4, [req]), m, ParseConfig(), [0.0], 1, target_only=True)
+    assert target.seconds == pytest.approx(4 * 0.01 + 0.01 / 200 * (0 + 1 + 2 + 3))
+    with pytest.raises(ValueError, match="--context-tokens 100 is invalid for 2 tables: allowed is one context"):
+        tools_replay.make_machine(list(map(str, paths)), 0.0, 0.0, "test", contexts=[100])
+    one = json.loads(made.read_text())
+    one["tables"] = one["tables"][:1]
+    made.write_text(json.dumps(one))
+    with pytest.raises(ValueError, match=r"tables holds 1 context; allowed: two or more"):
+        Machine.load(made)
+
+
 def test_a_fixed_L_replays_as_the_trace_arithmetic():
     """L = 4 over one request of 12 tokens (stopped: its last is the stop token), matches
     1111 0 1 0 0 1111: rounds start at 0 (keeps 4, +5), 5 (run 1: +2), 7 (run 0: +1), 8 (run 4,

@@ -217,6 +217,7 @@ def test_profile_cost_writes_a_table_a_server_loads(tiny_pair, cpu_runtime, tmp_
         "--num-steps",
         "2",
         "--tiers",
+        "0",
         "2",
         "--batch",
         "1",
@@ -237,6 +238,8 @@ def test_profile_cost_writes_a_table_a_server_loads(tiny_pair, cpu_runtime, tmp_
     assert profile_cost_main(argv) == 0
     printed = capsys.readouterr().out
     table = CostTable.load(str(path))
-    assert table.fixed and set(table.draft) == {(1, 2), (2, 2)} and set(table.rest) == {(1, 3), (2, 3)}
+    # tier 0 measured at each batch size (an engine per size: its L = 1 too), tier 2 at each
+    assert table.fixed and set(table.draft) == {(b, L) for b in (1, 2) for L in (0, 1, 2)}
+    assert set(table.rest) == {(b, rows) for b in (1, 2) for rows in (1, 2, 3)}
     assert all(0 < s < 10 for s in [*table.draft.values(), *table.rest.values()])
     assert table.describe() in printed and f"written: {path}" in printed

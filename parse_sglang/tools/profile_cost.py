@@ -7,7 +7,8 @@ tier and batch size on this machine, print the table, and write it for `cost_tab
 
 For each tier t one adaptive engine whose only tier is t (L = t; for tier 0, L = 1 and tiers
 {0, 1}: L >= 1, so its rounds run at most 2 decode steps; the table keeps their rest per step,
-as a server with any `tier0_steps` does) serves batches of concurrent requests of each size; its worker
+as a server with any `tier0_steps` does; tier 0 one engine per batch size) serves batches of
+concurrent requests of each size; its worker
 measures its own rounds (`adaptive.CostTable`: the first round of a cell is a warm-up, not
 counted) and reports the table through `get_server_info()`; the tables are merged (a cell
 measured by several engines: the last). Each request's prompt is PROMPT, or with
@@ -64,14 +65,18 @@ def profile(
 
     merged = CostTable()
     sampling = {"temperature": 0.0, "max_new_tokens": max_new_tokens, "ignore_eos": True}
-    for tier in config.tiers:
+    # Tier 0's engine (tiers 0 and 1) runs tier 0 only where its controller chooses it: one that
+    # measured batch 1 first priced batch 8's tier 0 from batch 1's cells and never ran it there.
+    # An engine per batch size measures it at each (its start-up runs L = 1, then tier 0).
+    runs = [(tier, sizes) for tier in config.tiers for sizes in ([[b] for b in batches] if tier == 0 else [batches])]
+    for tier, sizes in runs:
         values = {"adaptive": True, "adaptive_tiers": [tier], "cost_table": "", "draft_budget": max(tier, 1)}
         tier_config = ParseConfig.from_dict(values, base=config)
         engine = sglang.Engine(
             **{**engine_kwargs, **parse_engine_kwargs(engine_kwargs["speculative_draft_model_path"], tier_config)}
         )
         try:
-            for batch in batches:
+            for batch in sizes:
                 engine.generate(input_ids=[prompt] * batch, sampling_params=sampling)
             state = engine.get_server_info()["internal_states"][0]["parse"]
         finally:

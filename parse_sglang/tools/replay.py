@@ -3,8 +3,8 @@ machine file from `parse_sglang.tools.profile_cost` tables.
 
     python -m parse_sglang.tools.replay run TRACE.json [...] --machine MACHINE.json [--batches 8 32]
         [--no-one-by-one] [--open-loop F] [--tiers 0 8 32] [--fixed 4 8 16 32] [--no-retrieval] [--json]
-    python -m parse_sglang.tools.replay machine --tables COSTS.json [...] --catch-up FIXED_S PER_TOKEN_S
-        --source TEXT --out MACHINE.json [--batch-sizes bucket|line]
+    python -m parse_sglang.tools.replay machine --tables COSTS.json [...] [--context-tokens N [...]]
+        --catch-up FIXED_S PER_TOKEN_S --source TEXT --out MACHINE.json [--batch-sizes bucket|line]
 """
 
 from __future__ import annotations
@@ -21,19 +21,36 @@ from parse_sglang.settings import ParseConfig
 
 
 def make_machine(
-    tables: Sequence[str], catch_up_fixed: float, catch_up_per_token: float, source: str, batch_sizes: str = "bucket"
+    tables: Sequence[str],
+    catch_up_fixed: float,
+    catch_up_per_token: float,
+    source: str,
+    batch_sizes: str = "bucket",
+    contexts: Sequence[int] = (),
 ) -> dict:
-    """A machine file's JSON: `profile_cost` tables merged (a cell in several: the last), the catch-up,
-    how batch sizes between the measured ones are priced (`Machine.batch_line`)."""
-    merged = CostTable()
-    for path in tables:
-        table = CostTable.load(path)
-        merged.draft.update(table.draft)
-        merged.rest.update(table.rest)
-        merged.head.update(table.head)
+    """A machine file's JSON: `profile_cost` tables merged (a cell in several: the last), or with
+    `contexts` each table the costs at its context length (`Machine.contexts`, one per table, two or
+    more); the catch-up; how batch sizes between the measured ones are priced (`Machine.batch_line`)."""
+    if contexts and (len(contexts) != len(tables) or len(set(contexts)) < 2):
+        raise ValueError(
+            f"--context-tokens {' '.join(map(str, contexts))} is invalid for {len(tables)} tables: allowed is one "
+            "context length per table, two or more different"
+        )
+    if contexts:
+        made = {
+            "tables": [{"context_tokens": c, "table": CostTable.load(p).to_json()} for c, p in zip(contexts, tables)]
+        }
+    else:
+        merged = CostTable()
+        for path in tables:
+            table = CostTable.load(path)
+            merged.draft.update(table.draft)
+            merged.rest.update(table.rest)
+            merged.head.update(table.head)
+        made = {"table": merged.to_json()}
     return {
         "source": source,
-        "table": merged.to_json(),
+        **made,
         "catch_up_fixed": catch_up_fixed,
         "catch_up_per_token": catch_up_per_token,
         "batch_sizes": batch_sizes,
@@ -63,6 +80,13 @@ def main(argv=None) -> int:
     run.add_argument("--json", action="store_true")
     machine = sub.add_parser("machine", help="write a machine file from profile_cost tables")
     machine.add_argument("--tables", nargs="+", required=True, help="profile_cost --out files, later ones winning")
+    machine.add_argument(
+        "--context-tokens",
+        type=int,
+        nargs="+",
+        default=(),
+        help="each table's --context-tokens: a round priced on a line in its context (default: the tables merged)",
+    )
     machine.add_argument("--catch-up", type=float, nargs=2, metavar=("FIXED_S", "PER_TOKEN_S"), required=True)
     machine.add_argument("--source", required=True, help="what was measured, where and how")
     machine.add_argument("--out", required=True)
@@ -75,7 +99,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.command == "machine":
         try:
-            made = make_machine(args.tables, *args.catch_up, args.source, args.batch_sizes)
+            made = make_machine(args.tables, *args.catch_up, args.source, args.batch_sizes, args.context_tokens)
         except ValueError as err:
             parser.error(str(err))
         Path(args.out).write_text(json.dumps(made, indent=1) + "\n")
