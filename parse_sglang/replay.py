@@ -6,8 +6,8 @@ is a function of the committed text: a trace (`benchmarks/trace.py`) holds, at e
 position p, whether the draft's token matches the target's, so a round starting at p with L drafts
 keeps min(run of matches from p, L, what the request may keep). `serve` runs the *same*
 `DraftLengthPolicy` objects the worker runs (`AdaptiveDraftLength` on a simulated clock,
-`FixedDraftLength`) through that arithmetic, each round priced by the `Machine`: no noise, unless a
-`NoisyMachine` adds it.
+`FixedDraftLength`) through that arithmetic, each round priced by the `Machine` (at its requests'
+mean context, where the machine was profiled at several): no noise, unless a `NoisyMachine` adds it.
 
 Loads: a closed batch of B (all arrive at 0), prompts one by one (batch 1, in turn, the server's
 policy state kept between them), an open loop (Poisson arrivals). Against: the target alone
@@ -31,6 +31,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import statistics
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Optional, Sequence
@@ -118,9 +119,9 @@ class Machine:
     Batch sizes between the table's measured ones: priced at their bucket's (`CostTable.cost`), or
     with `batch_line` on a line through the two nearest measured sizes (a closed batch drains: its
     last 5-7 requests' rounds cost less than 8's). Contexts: with `contexts` (tables profiled at two
-    or more context lengths) a round is priced on a line in its requests' mean context through
-    the two nearest (on this CPU a verify of 9 rows for 8 requests costs 0.37 s at a ~40-token
-    context, 0.90 s at 288); without, `table` prices every context."""
+    or more context lengths) a round is priced at its requests' mean context on the least-squares
+    line through the contexts' prices (a profile's cell moves ±20% between runs on this CPU: a
+    line through the nearest two would follow that noise); without, `table` prices every context."""
 
     table: CostTable
     catch_up_fixed: float = 0.0  # seconds of a catch-up, whatever its length
@@ -189,7 +190,10 @@ class Machine:
 
         if context is None or len(self.contexts) < 2:
             return at_batch(self.table)
-        return interpolate({c: at_batch(t) for c, t in self.contexts.items()}, context)
+        slope, intercept = statistics.linear_regression(
+            list(self.contexts), [at_batch(t) for t in self.contexts.values()]
+        )
+        return max(intercept + slope * context, 0.0)
 
     def catch_up(self, tokens: int) -> float:
         return self.catch_up_fixed + self.catch_up_per_token * tokens if tokens else 0.0

@@ -77,12 +77,13 @@ def test_a_batch_line_prices_sizes_between_the_measured_ones(tmp_path):
     assert Machine.load(made).draft(5, 4) == pytest.approx(line.draft(5, 4))
 
 
-def test_a_machine_of_two_contexts_prices_each_round_at_its_requests_mean_context(tmp_path):
-    """Tables profiled at 100 and 300 tokens of context, every cell of the second twice the
-    first's: a round at 200 costs 1.5x, at 500 3x (the line past the end), with no context the
-    first's; a target-alone request of prompt 100 and 4 tokens pays its steps at 100, 101, 102, 103."""
+def test_a_machine_of_several_contexts_prices_each_round_at_its_requests_mean_context(tmp_path):
+    """Tables profiled at 100, 200 and 300 tokens of context, the last's cells twice the others':
+    a cell's price is the least-squares line through the three, (4/3 + (c - 200) / 200) times the
+    first's (a line through the nearest two would give 1x at 200); with no context the first's; a
+    target-alone request of prompt 100 and 4 tokens pays its steps at 100, 101, 102, 103."""
     paths = []
-    for context, scale in ((100, 1.0), (300, 2.0)):
+    for context, scale in ((100, 1.0), (200, 1.0), (300, 2.0)):
         table = {
             "draft": [{"bucket": 1, "L": 0, "seconds": 0.0}, {"bucket": 1, "L": 4, "seconds": 0.1 * scale}],
             "rest": [{"bucket": 1, "rows": r, "seconds": s * scale} for r, s in ((1, 0.01), (5, 0.2))],
@@ -91,14 +92,17 @@ def test_a_machine_of_two_contexts_prices_each_round_at_its_requests_mean_contex
         paths[-1].write_text(json.dumps(table))
     made = tmp_path / "m.json"
     tool = ["machine", "--tables", *map(str, paths), "--catch-up", "0", "0", "--source", "test", "--out", str(made)]
-    assert tools_replay.main([*tool, "--context-tokens", "100", "300"]) == 0
+    assert tools_replay.main([*tool, "--context-tokens", "100", "200", "300"]) == 0
     m = Machine.load(made)
-    assert m.draft(1, 4, 200) == pytest.approx(0.15) and m.rest(1, 4, 5, 500) == pytest.approx(0.6)
-    assert m.draft(1, 4) == pytest.approx(0.1) and m.rest(1, 0, 1, 100) == pytest.approx(0.01)
+    scale = lambda c: 4 / 3 + (c - 200) / 200  # noqa: E731
+    assert m.draft(1, 4, 200) == pytest.approx(0.1 * scale(200)) and m.rest(1, 4, 5, 500) == pytest.approx(
+        0.2 * scale(500)
+    )
+    assert m.draft(1, 4) == pytest.approx(0.1) and m.rest(1, 0, 1, 100) == pytest.approx(0.01 * scale(100))
     req = TraceRequest(prompt_len=100, match="1111", confidence=(900,) * 4, stopped=False)
     target = serve(FixedDraftLength(0), Trace("t", 4, [req]), m, ParseConfig(), [0.0], 1, target_only=True)
-    assert target.seconds == pytest.approx(4 * 0.01 + 0.01 / 200 * (0 + 1 + 2 + 3))
-    with pytest.raises(ValueError, match="--context-tokens 100 is invalid for 2 tables: allowed is one context"):
+    assert target.seconds == pytest.approx(sum(0.01 * scale(c) for c in (100, 101, 102, 103)))
+    with pytest.raises(ValueError, match="--context-tokens 100 is invalid for 3 tables: allowed is one context"):
         tools_replay.make_machine(list(map(str, paths)), 0.0, 0.0, "test", contexts=[100])
     one = json.loads(made.read_text())
     one["tables"] = one["tables"][:1]
