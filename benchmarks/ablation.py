@@ -46,12 +46,30 @@ from parse_sglang.settings import ParseConfig  # noqa: E402
 HERE = Path(__file__).resolve().parent
 MISSING = object()
 
+
+def _probes_without_catch_up() -> dict:
+    """`_explore` judging a probe by its round alone: each drafting tier's seconds less the round's
+    catch-up (the value `_best_tier` last asked `_catch_up_seconds` for)."""
+    catch_up, explore = adaptive.AdaptiveDraftLength._catch_up_seconds, adaptive.AdaptiveDraftLength._explore
+
+    def kept(self, tokens):
+        self._ablation_catch_up = catch_up(self, tokens)
+        return self._ablation_catch_up
+
+    def probe(self, best, rate, tokens, seconds):
+        less = getattr(self, "_ablation_catch_up", 0.0)
+        return explore(self, best, rate, tokens, {t: s - less * (t.kind == "draft") for t, s in seconds.items()})
+
+    return {"AdaptiveDraftLength._catch_up_seconds": kept, "AdaptiveDraftLength._explore": probe}
+
+
 # name -> {adaptive's attribute ("Class.attr" for a class's): the value at which its rule never fires}
 ABLATIONS = {
     "catch-up priced": {"AdaptiveDraftLength._catch_up_seconds": lambda self, tokens: 0.0},
     "deferred prompts paid off by what is left": {"OutputEnds.remaining": lambda self, policies: 0.0},  # borne whole
     "probes": {"PROBE_OVERHEAD": 0.0},  # after start-up, tier 0 is never left on a probe
     "probe backoff": {"PROBE_BACKOFF_MAX": 1},
+    "a probe charged its catch-up": _probes_without_catch_up(),
     "output ends": {"OutputEnds.going": lambda self, lens, horizon: None},
 }
 
