@@ -128,9 +128,8 @@ class Machine:
     catch_up_per_token: float = 0.0  # ... and per token it extends the draft over (summed over the batch)
     source: str = ""  # what was measured and what is interpolated
     batch_line: bool = False  # between measured batch sizes: a line (True) or the bucket's cost
-    contexts: dict = field(
-        default_factory=dict
-    )  # {context tokens a request: CostTable profiled there} (`table` one of them)
+    # {context tokens a request: CostTable profiled there}, `table` the shortest's; empty: `table` alone
+    contexts: dict = field(default_factory=dict)
 
     @classmethod
     def load(cls, path) -> "Machine":
@@ -374,9 +373,8 @@ def serve(
             clock[0] = waiting[0].arrival
             continue
         bs, policies = len(running), [_policy(r, config, trace.max_new_tokens) for r in running]
-        context = (
-            sum(r.trace.prompt_len + r.n for r in running) / bs
-        )  # tokens a request attends to (`Machine.contexts`)
+        # tokens a request attends to, on average (what `Machine.contexts` prices by)
+        context = sum(r.trace.prompt_len + r.n for r in running) / bs
         longest = max(p.left for p in policies)
         steps = max(min(config.tier0_steps, config.draft_budget + 1, longest), 1)
         copies = copier.propose(running, policies) if copier else None

@@ -8,9 +8,8 @@ tier and batch size on this machine, print the table, and write it for `cost_tab
 For each tier t one adaptive engine whose only tier is t (L = t; for tier 0, L = 1 and tiers
 {0, 1}: L >= 1, so its rounds run at most 2 decode steps; the table keeps their rest per step,
 as a server with any `tier0_steps` does; tier 0 one engine per batch size) serves batches of
-concurrent requests of each size; its worker
-measures its own rounds (`adaptive.CostTable`: the first round of a cell is a warm-up, not
-counted) and reports the table through `get_server_info()`; the tables are merged (a cell
+concurrent requests of each size; its worker measures its own rounds (`adaptive.CostTable`: the
+first round of a cell is a warm-up, not counted) and reports the table through `get_server_info()`; the tables are merged (a cell
 measured by several engines: the last). Each request's prompt is PROMPT, or with
 `--context-tokens N` PROMPT's tokens repeated to N: a round's cost grows with the context it
 attends to, so a table meant to price a workload is measured at its contexts' mean length. Then
