@@ -66,7 +66,7 @@ def _probes_without_catch_up() -> dict:
 # name -> {adaptive's attribute ("Class.attr" for a class's): the value at which its rule never fires}
 ABLATIONS = {
     "catch-up priced": {"AdaptiveDraftLength._catch_up_seconds": lambda self, tokens: 0.0},
-    "deferred prompts paid off by what is left": {"OutputEnds.remaining": lambda self, policies: 0.0},  # borne whole
+    "a catch-up paid off by what is left": {"OutputEnds.remaining": lambda self, policies: 0.0},  # borne whole
     "probes": {"PROBE_OVERHEAD": 0.0},  # after start-up, tier 0 is never left on a probe
     "probe backoff": {"PROBE_BACKOFF_MAX": 1},
     "a probe charged its catch-up": _probes_without_catch_up(),

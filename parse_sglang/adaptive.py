@@ -333,20 +333,20 @@ class AdaptiveDraftLength(DraftLengthPolicy):
         if not self.costs.fixed and not self.costs.explored():  # start-up: measure a drafting tier and tier 0
             first = next((t for t in self.tiers if t.kind == "draft"), self.tiers[0])
             return first if first not in self.costs.measured_tiers(bs) else self.tiers[0]
-        states = [state_of(req) for req in reqs]
-        behind, deferred = sum(s.draft_behind for s in states), sum(s.draft_deferred for s in states)
+        behind = sum(state_of(req).draft_behind for req in reqs)
         catch_up = self._catch_up_seconds(behind)
-        left = self.ends.remaining(policies) if deferred else math.inf  # tokens the batch is expected to emit still
+        left = self.ends.remaining(policies) if behind else math.inf  # tokens the batch is expected to emit still
         measured = self.costs.measured_tiers(bs)
 
         def charged(tier: Tier, emitted: float) -> float:
-            """A drafting round's catch-up: whole over what tier-0 rounds committed; over deferred
-            prompts (the draft's prefill, paid late) in the share `emitted` is of what is left, as
-            `prefills_draft` prices a prefill, where the tier is measured at the batch's bucket."""
+            """A drafting round's catch-up (the draft extended over what tier-0 rounds committed and over
+            prompts whose draft prefill was deferred) in the share `emitted` is of what is left, as
+            `prefills_draft` prices a prefill, where the tier is measured at the batch's bucket; else
+            whole. Once caught up the draft drafts on: borne whole by one round, a catch-up that grows
+            with the seconds at tier 0 kept a batch that went there on a noisy measure there."""
             if tier.kind != "draft" or not behind:
                 return 0.0
-            late = catch_up * deferred / behind if tier in measured else 0.0
-            return catch_up - late + (late * emitted / left if emitted < left else late)
+            return catch_up * emitted / left if tier in measured and emitted < left else catch_up
 
         per_request, tokens, seconds, rate = {}, {}, {}, {}
         for tier in self.tiers + self._head:

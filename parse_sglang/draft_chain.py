@@ -184,11 +184,11 @@ class DraftChain(StandaloneDraftWorker):
         if defer:
             for req, length in zip(batch.reqs, batch.seq_lens_cpu.tolist()):
                 state = state_of(req)  # positions 0 .. P-1 (a later chunk's P covers the earlier)
-                state.draft_behind = state.draft_deferred = length
+                state.draft_behind = length
             return
         self._extend(batch)
         for req in batch.reqs:  # a prefill (or a retracted request's re-prefill) covers every token
-            state_of(req).draft_behind = state_of(req).draft_deferred = 0
+            state_of(req).draft_behind = 0
 
     def idle(self, reqs, tokens: Sequence[int]) -> None:
         """A round committed tokens[i] tokens of request i without the draft (an adaptive
@@ -313,7 +313,7 @@ class DraftChain(StandaloneDraftWorker):
             if all(s >= e for s, e in zip(starts, ends)):
                 break
         for state in states:
-            state.draft_behind, state.draft_deferred, state.draft_tail = 0, 0, False
+            state.draft_behind, state.draft_tail = 0, False
         return sum(behind), logits
 
     def _extend_pieces(self, batch: ScheduleBatch, rows: torch.Tensor, pieces) -> torch.Tensor:

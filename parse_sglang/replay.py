@@ -365,7 +365,7 @@ def serve(
         prompts = sum(r.trace.prompt_len for r in admitted)
         deferred = adaptive and (not drafting or not policy.prefills_draft(last_bs + len(admitted), prompts, rows_of))
         for req in admitted:
-            state_of(req).draft_behind = state_of(req).draft_deferred = req.trace.prompt_len if deferred else 0
+            state_of(req).draft_behind = req.trace.prompt_len if deferred else 0
             if not deferred and not target_only:  # the draft's prefill beside the target's
                 clock[0] += machine.catch_up_per_token * req.trace.prompt_len
             running.append(req)
@@ -409,7 +409,7 @@ def serve(
                     drafted = min(drafted, stop_at)
                     kept = min(run, drafted)
                 if tier.length:  # the draft caught up over the batch; a copy's tokens it then missed
-                    state_of(r).draft_behind, state_of(r).draft_deferred = (kept + 1 if used else 0), 0
+                    state_of(r).draft_behind = kept + 1 if used else 0
                 else:
                     state_of(r).draft_behind += kept + 1
                 lens.append(drafted)

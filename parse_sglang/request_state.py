@@ -27,7 +27,6 @@ class RequestState:
     head_keep_rate: Optional[object] = None  # adaptive.KeepRate of its head rounds (`eagle3_head`)
     target_phase: Optional[list] = None  # tokens of its current target phase (target_phase.py); None: not in one
     draft_behind: int = 0  # committed tokens whose draft KV tier-0 rounds skipped (draft_chain.py)
-    draft_deferred: int = 0  # ... of which its prompt's, a deferred draft prefill (draft_chain.py)
     draft_tail: bool = False  # its last round kept its last draft, whose draft KV the next writes (draft_chain.py)
     text_index: Optional[object] = None  # retrieval.SuffixAutomaton of its prompt and output (retrieval.py)
 
