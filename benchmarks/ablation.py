@@ -2,7 +2,7 @@
 
     python benchmarks/ablation.py [--traces benchmarks/traces/*.json] [--machines benchmarks/machines/*.json]
         [--loads one_by_one batch:8 batch:32 open:0.5] [--only NAME ...] [--noise SIGMA --seeds N]
-        [--warm-up pass|bench] [--json]
+        [--warm-up pass|bench] [--json] [--against JSONL]
 
 `parse_sglang.replay` serves each trace under each machine's costs with the worker's
 `AdaptiveDraftLength` as it is ("full") and with one rule neutralised (`ABLATIONS`: a constant set to
@@ -14,6 +14,8 @@ tokens/s over a closed load, 1 / mean latency over an open one. No clock: every 
 "full" and each rule taken out under the same seed, and no best fixed L (rules a noiseless replay
 cannot tell apart may differ in what a busy machine's measurements lead them to). --warm-up bench:
 closed batches warmed up and timed as compare.py serves them on an engine (`replay.as_the_bench`).
+--against JSONL: each cell's "full" over the same cell of another run's --json lines (the same
+arguments at another commit: a change of the controller replayed cell by cell).
 """
 
 from __future__ import annotations
@@ -128,6 +130,7 @@ def main(argv=None) -> int:
         help="closed batches: a pass of the load, or as_the_bench",
     )
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--against", help="--json lines of the same grid at another commit")
     args = parser.parse_args(argv)
     if args.noise < 0 or args.seeds < 1:
         parser.error(f"--noise={args.noise} --seeds={args.seeds} are invalid: allowed are SIGMA >= 0 and N >= 1")
@@ -135,7 +138,7 @@ def main(argv=None) -> int:
         parser.error(f"--warm-up bench with --loads {args.loads} is invalid: allowed are closed batches (batch:B)")
     config = ParseConfig.from_dict({"adaptive": True})
     names = ["full", *(args.only if args.only is not None else ABLATIONS)]
-    rows = []
+    rows, before = [], [json.loads(line) for line in open(args.against)] if args.against else None
     for machine_path in args.machines:
         machine = Machine.load(machine_path)
         for trace_path in args.traces:
@@ -153,11 +156,18 @@ def main(argv=None) -> int:
                     full = replay(trace, machine, load, config, [4, 8, 16, 32], oracle=False)
                     row["full"], row["full_x_best_fixed"] = full["adaptive"]["speed"], full["adaptive_x_best_fixed"]
                     row["full_x_target"] = full["adaptive"]["x_target"]
+                    row["best_fixed"], row["best_fixed_x_target"] = (
+                        full["best_fixed"],
+                        full[full["best_fixed"]]["x_target"],
+                    )
                 for name in names[1:]:
                     with without(ABLATIONS[name]):
                         row[name] = adaptive_speed(trace, priced(), load, config, bench)
+                if before is not None:
+                    row["against"] = row["full"] / _same_cell(before, len(rows), row, args.against)["full"]
                 rows.append(row)
                 cells = " ".join(f"{n} {row[n] / row['full']:.3f}" for n in names[1:])
+                cells += f" against {row['against']:.3f}" if before is not None else ""
                 fixed = f"{row['full_x_best_fixed']:.3f}x best fixed" if "full_x_best_fixed" in row else f"seed {seed}"
                 line = (
                     f"{row['machine']:>8} {row['trace']:>15} {load:>10} full {row['full_x_target']:.3f}x target "
@@ -168,7 +178,26 @@ def main(argv=None) -> int:
         for name in names[1:]:
             ratios = [r[name] / r["full"] for r in rows]
             print(f"{name:>24}: without it {min(ratios):.3f}-{max(ratios):.3f}x full")
+        if before is not None:
+            ratios = [r["against"] for r in rows]
+            print(
+                f"full against {args.against}: {min(ratios):.3f}-{max(ratios):.3f}x, "
+                f"{sum(r >= 1.02 for r in ratios)} cells >= 2% faster, {sum(r <= 0.99 for r in ratios)} >= 1% slower"
+            )
     return 0
+
+
+def _same_cell(before: list, index: int, row: dict, path: str) -> dict:
+    """The index-th line of another run's --json lines, which must be the same cell as `row`."""
+    keys = ("machine", "trace", "load", "seed")
+    if index >= len(before) or any(before[index].get(k) != row.get(k) for k in keys):
+        got = {k: before[index].get(k) for k in keys} if index < len(before) else "no line"
+        cell = {k: row.get(k) for k in keys}
+        raise SystemExit(
+            f"--against {path}: line {index + 1} is {got}, not the cell {cell}: "
+            "allowed is --json output of the same arguments"
+        )
+    return before[index]
 
 
 if __name__ == "__main__":

@@ -336,17 +336,18 @@ class AdaptiveDraftLength(DraftLengthPolicy):
         behind = sum(state_of(req).draft_behind for req in reqs)
         catch_up = self._catch_up_seconds(behind)
         left = self.ends.remaining(policies) if behind else math.inf  # tokens the batch is expected to emit still
-        measured = self.costs.measured_tiers(bs)
+        own = self.costs.priced_tiers(bs)
 
         def charged(tier: Tier, emitted: float) -> float:
             """A drafting round's catch-up (the draft extended over what tier-0 rounds committed and over
             prompts whose draft prefill was deferred) in the share `emitted` is of what is left, as
-            `prefills_draft` prices a prefill, where the tier is measured at the batch's bucket; else
-            whole. Once caught up the draft drafts on: borne whole by one round, a catch-up that grows
-            with the seconds at tier 0 kept a batch that went there on a noisy measure there."""
+            `prefills_draft` prices a prefill, where the tier is priced from the batch's bucket's own
+            rounds; else whole (another bucket's estimate may be far off). Once caught up the draft
+            drafts on: borne whole by one round, a catch-up that grows with the seconds at tier 0 kept
+            a batch that went there on a noisy measure there."""
             if tier.kind != "draft" or not behind:
                 return 0.0
-            return catch_up * emitted / left if tier in measured and emitted < left else catch_up
+            return catch_up * emitted / left if tier in own and emitted < left else catch_up
 
         per_request, tokens, seconds, rate = {}, {}, {}, {}
         for tier in self.tiers + self._head:

@@ -153,6 +153,11 @@ class CostTable:
         (all of a loaded table's), HEAD among them."""
         return {tier for cell, tier in self._draft_cells(batch_size) if self.fixed or cell in self._measured}
 
+    def priced_tiers(self, batch_size: int) -> set[Tier]:
+        """Tiers whose draft cost in this bucket rests on at least one of its own rounds (all of a
+        loaded table's), HEAD among them: priced from no other bucket's."""
+        return {tier for _, tier in self._draft_cells(batch_size)}
+
     def _draft_cells(self, batch_size: int) -> list:
         """[((cells, key), tier)] of the bucket's draft cells, the head's among them."""
         b = bucket(batch_size)

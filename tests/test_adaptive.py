@@ -709,31 +709,36 @@ def test_a_drafting_round_bears_its_catch_up_in_the_share_of_what_is_left():
     that keeps all it drafts drafts with 4,000 tokens left, not with 33. Borne whole, a catch-up
     over tier-0 rounds' tokens grows with the seconds spent there, and a closed batch of 8 on the
     real pair that went to tier 0 on a noisy measure stayed there (GSM, 1.02x the target alone).
-    Where the tier is not measured at the batch's bucket it is borne whole (an estimate borrowed
-    from another may be far off). Nothing behind: it drafts."""
+    Where the tier is priced from another bucket's cells (none of the batch's own), it is borne
+    whole (such an estimate may be far off); a cell of the bucket's own, however few its rounds,
+    is enough (an engine's batch of 8 whose warm-up left L = 4 one counted round there stayed at
+    tier 0 behind its deferred prompts). Nothing behind: it drafts."""
     from parse_sglang.request_state import state_of
 
     costs = linear_costs()
 
-    def controller(unmeasured=()) -> AdaptiveDraftLength:
+    def controller(borrowed=(), unmeasured=()) -> AdaptiveDraftLength:
         made = AdaptiveDraftLength((0, 8), costs)
         for _ in range(200):
             made.pooled.observe(8, 8)
-        made.costs = CostTable(draft=dict(costs.draft), rest=dict(costs.rest))  # online: catch-ups are priced
-        for key in set(costs.draft) - set(unmeasured):
+        own = {key: s for key, s in costs.draft.items() if key not in borrowed}
+        made.costs = CostTable(draft=own, rest=dict(costs.rest))  # online: catch-ups are priced
+        for key in set(own) - set(unmeasured):
             made.costs._measured.add((id(made.costs.draft), key))
-        made._catch_ups.append((1, 8, costs.draft[1, 8] + 30 * costs.cost(1, DECODE, 1), 500))
+        made._catch_ups.append((1, 4, costs.draft[1, 4] + 30 * costs.cost(1, DECODE, 1), 500))  # an L = 4 round's
         return made
 
-    for behind, left, unmeasured, want in (
-        (500, 4000, (), 8),  # its share of 4,000 tokens
-        (500, 33, (), 0),
-        (500, 4000, [(1, 8)], 0),
-        (0, 33, (), 8),
+    for behind, left, borrowed, unmeasured, want in (
+        (500, 4000, (), (), 8),  # its share of 4,000 tokens
+        (500, 33, (), (), 0),
+        (500, 4000, (), [(1, 8)], 8),  # L = 8's cell of one round (not yet measured: EXPLORE_SAMPLES)
+        (500, 4000, [(1, 8)], (), 0),  # L = 8 priced from no cell of its own
+        (0, 33, [(1, 8)], (), 8),
     ):
         req, (policy,) = SimpleNamespace(), policies(1)
         state_of(req).draft_behind, policy.left = behind, left
-        assert controller(unmeasured).choose([req], [policy], rows_of, steps=4) == drafting(want), (behind, left)
+        made = controller(borrowed, unmeasured)
+        assert made.choose([req], [policy], rows_of, steps=4) == drafting(want), (behind, left, borrowed, unmeasured)
 
 
 def test_a_prefill_defers_the_draft_where_drafting_would_not_repay_it():
