@@ -138,14 +138,15 @@ def main(argv=None) -> int:
         parser.error(f"--warm-up bench with --loads {args.loads} is invalid: allowed are closed batches (batch:B)")
     config = ParseConfig.from_dict({"adaptive": True})
     names = ["full", *(args.only if args.only is not None else ABLATIONS)]
-    rows, before = [], [json.loads(line) for line in open(args.against)] if args.against else None
+    rows = []
+    before = [json.loads(line) for line in Path(args.against).read_text().splitlines()] if args.against else None
     for machine_path in args.machines:
         machine = Machine.load(machine_path)
         for trace_path in args.traces:
             trace = Trace.load(trace_path)
             for load, seed in itertools.product(args.loads, range(args.seeds)):
                 row = {"machine": Path(machine_path).stem, "trace": trace.pair, "load": load}
-                row["trace_file"] = Path(trace_path).stem
+                row.update(trace_file=Path(trace_path).stem)
                 bench = args.warm_up == "bench"
                 # the same draws for each policy
                 priced = lambda: NoisyMachine.of(machine, args.noise, seed) if args.noise else machine  # noqa: E731
