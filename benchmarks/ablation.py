@@ -146,7 +146,7 @@ def main(argv=None) -> int:
             trace = Trace.load(trace_path)
             for load, seed in itertools.product(args.loads, range(args.seeds)):
                 row = {"machine": Path(machine_path).stem, "trace": trace.pair, "load": load}
-                row.update(trace_file=Path(trace_path).stem)
+                row["trace_file"] = Path(trace_path).stem
                 bench = args.warm_up == "bench"
                 # the same draws for each policy
                 priced = lambda: NoisyMachine.of(machine, args.noise, seed) if args.noise else machine  # noqa: E731
